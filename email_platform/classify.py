@@ -1,0 +1,79 @@
+"""Failure classification: a pure decision of retry versus dead letter.
+
+Network errors, timeouts, 429 and 5xx are transient; other 4xx are permanent. ``Retry-After``
+is read as seconds or an HTTP date and capped, so one provider cannot park a run for a day.
+"""
+
+from collections.abc import Mapping
+from datetime import datetime
+from email.utils import parsedate_to_datetime
+
+import httpx
+
+from email_platform.errors import (
+    DeliveryError,
+    PermanentError,
+    ProviderRejectedError,
+    TransientError,
+)
+from email_platform.timeutil import utcnow
+
+TRANSIENT_STATUS = frozenset({408, 425, 429})
+
+
+def parse_retry_after(
+    value: str | None, *, now: datetime | None = None, cap_s: float = 300.0
+) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP-date), capped."""
+    if value is None or not value.strip():
+        return None
+    text = value.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is None:
+            return None
+        seconds = (when - (now or utcnow())).total_seconds()
+    return max(0.0, min(seconds, cap_s))
+
+
+def classify_response(
+    status_code: int,
+    headers: Mapping[str, str],
+    *,
+    code: str | None,
+    message: str,
+    retry_after_cap_s: float = 300.0,
+) -> DeliveryError:
+    """The error a non-2xx response stands for."""
+    if status_code in TRANSIENT_STATUS or status_code >= 500:
+        return TransientError(
+            f"HTTP {status_code}: {message}",
+            status_code=status_code,
+            code=code,
+            retry_after_s=parse_retry_after(headers.get("retry-after"), cap_s=retry_after_cap_s),
+        )
+    return ProviderRejectedError(
+        f"HTTP {status_code}: {message}", status_code=status_code, code=code
+    )
+
+
+def classify_exception(exc: BaseException) -> DeliveryError:
+    """The error a client-side exception stands for; unknown ones are not guessed at."""
+    if isinstance(exc, DeliveryError):
+        return exc
+    if isinstance(exc, httpx.TimeoutException):
+        return TransientError(f"timeout: {type(exc).__name__}", code="timeout")
+    if isinstance(exc, httpx.TransportError):
+        return TransientError(f"network error: {type(exc).__name__}: {exc}", code="network")
+    if isinstance(exc, (ConnectionError, TimeoutError, OSError)):
+        return TransientError(f"network error: {type(exc).__name__}: {exc}", code="network")
+    return PermanentError(f"unexpected {type(exc).__name__}: {exc}", code="unexpected")
+
+
+def is_transient(error: DeliveryError) -> bool:
+    return isinstance(error, TransientError)

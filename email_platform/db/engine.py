@@ -1,0 +1,67 @@
+"""Engines and migrations for the application database (SQLite by default, PostgreSQL in prod)."""
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy.engine import make_url
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+def make_engine(url: str, *, pool_size: int = 5) -> Engine:
+    """An engine that behaves the same way under concurrent processes on both backends."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": 60})
+        _configure_sqlite(engine)
+        return engine
+    if parsed.drivername == "postgresql":
+        # SQLAlchemy 2.1 maps bare postgresql:// to psycopg 3, which we install; say so.
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return create_engine(parsed, pool_pre_ping=True, pool_size=pool_size, max_overflow=5)
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    # The daemon, run workers and the CLI write from separate processes: WAL lets readers go on
+    # while one writes, and BEGIN IMMEDIATE takes the write lock up front so two writers queue on
+    # busy_timeout instead of failing with "database is locked" when a read upgrades to a write.
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record):  # type: ignore[no-untyped-def]
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=60000")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection):  # type: ignore[no-untyped-def]
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def is_postgresql(engine: Engine) -> bool:
+    return engine.dialect.name == "postgresql"
+
+
+def alembic_config(engine: Engine) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.attributes["engine"] = engine
+    return config
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Bring the schema to ``revision`` (``email-platform db upgrade``)."""
+    command.upgrade(alembic_config(engine), revision)
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as connection:
+        if not inspect(connection).has_table("alembic_version"):
+            return None
+        return connection.exec_driver_sql("SELECT version_num FROM alembic_version").scalar()

@@ -1,0 +1,138 @@
+"""Every application table, defined once (SQLAlchemy Core). Migrations mirror this module."""
+
+from sqlalchemy import (
+    JSON,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+metadata = MetaData()
+
+# Product code writes here, inside its own transaction, through publish().
+email_outbox = Table(
+    "email_outbox",
+    metadata,
+    Column("event_id", String(26), primary_key=True),
+    Column("event_type", String(200), nullable=False),
+    Column("event_version", Integer, nullable=False),
+    Column("aggregate_id", String(200), nullable=False),
+    Column("occurred_at", DateTime(timezone=True), nullable=False),
+    Column("published_at", DateTime(timezone=True), nullable=False),
+    Column("payload", JSON, nullable=False),
+    Column("event_metadata", JSON, nullable=False),
+    Column("lane", String(20), nullable=False),
+    # Earliest moment the event may be sent (send_after, else published_at).
+    Column("available_at", DateTime(timezone=True), nullable=False),
+    Column("expires_at", DateTime(timezone=True)),
+    Column("idempotency_key", String(200)),
+    # pending -> in_flight -> done | dead
+    Column("status", String(20), nullable=False, server_default="pending"),
+    # Why the event is done: sent, ignored (no route), ...
+    Column("resolution", String(40)),
+    # The claim: which run holds the event and until when.
+    Column("claimed_by", String(64)),
+    Column("lease_expires_at", DateTime(timezone=True)),
+    Column("claim_count", Integer, nullable=False, server_default="0"),
+    # The sensor marks what it requested so the next tick does not request it again.
+    Column("requested_at", DateTime(timezone=True)),
+    Column("request_count", Integer, nullable=False, server_default="0"),
+    Column("done_at", DateTime(timezone=True)),
+)
+Index(
+    "ix_email_outbox_lane_status_available",
+    email_outbox.c.lane,
+    email_outbox.c.status,
+    email_outbox.c.available_at,
+)
+Index("ix_email_outbox_claimed_by", email_outbox.c.claimed_by)
+
+email_messages = Table(
+    "email_messages",
+    metadata,
+    Column("message_id", Integer, primary_key=True, autoincrement=True),
+    Column("event_id", String(26), ForeignKey("email_outbox.event_id"), nullable=False),
+    Column("route", String(100), nullable=False),
+    Column("template", String(100), nullable=False),
+    Column("template_version", Integer, nullable=False),
+    Column("lane", String(20), nullable=False),
+    Column("recipient", String(320)),
+    Column("recipient_domain", String(255)),
+    # Recorded before the first provider call and sent on every attempt.
+    Column("idempotency_key", String(255), nullable=False, unique=True),
+    # A route's application-level dedupe key; only the first message holding it is sent.
+    Column("dedupe_key", String(255), unique=True),
+    # pending -> sent | suppressed | expired | duplicate | dead
+    Column("status", String(20), nullable=False, server_default="pending"),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("provider", String(40)),
+    Column("provider_message_id", String(255)),
+    Column("last_error", Text),
+    Column("expires_at", DateTime(timezone=True)),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("sent_at", DateTime(timezone=True)),
+    UniqueConstraint("event_id", "route", name="uq_email_messages_event_route"),
+)
+Index("ix_email_messages_status", email_messages.c.status)
+
+email_attempts = Table(
+    "email_attempts",
+    metadata,
+    Column("attempt_id", Integer, primary_key=True, autoincrement=True),
+    Column("message_id", Integer, ForeignKey("email_messages.message_id"), nullable=False),
+    Column("event_id", String(26), nullable=False),
+    Column("run_id", String(64)),
+    Column("attempt_no", Integer, nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("finished_at", DateTime(timezone=True), nullable=False),
+    # accepted | transient | permanent
+    Column("outcome", String(20), nullable=False),
+    Column("http_status", Integer),
+    Column("provider_message_id", String(255)),
+    Column("error", Text),
+    Column("retry_after_s", Float),
+)
+Index("ix_email_attempts_message", email_attempts.c.message_id)
+Index("ix_email_attempts_event", email_attempts.c.event_id)
+
+dead_letters = Table(
+    "dead_letters",
+    metadata,
+    Column("dead_letter_id", Integer, primary_key=True, autoincrement=True),
+    Column("event_id", String(26), nullable=False),
+    # Null when the event failed before any message existed (e.g. unknown event version).
+    Column("message_id", Integer),
+    Column("lane", String(20), nullable=False),
+    Column("reason", String(60), nullable=False),
+    Column("error_code", String(100)),
+    Column("last_error", Text),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("run_id", String(64)),
+    # open -> replayed | discarded | expired
+    Column("status", String(20), nullable=False, server_default="open"),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("resolved_at", DateTime(timezone=True)),
+    Column("resolved_by_run_id", String(64)),
+)
+Index("ix_dead_letters_status", dead_letters.c.status)
+Index("ix_dead_letters_event", dead_letters.c.event_id)
+
+suppressions = Table(
+    "suppressions",
+    metadata,
+    Column("address", String(320), primary_key=True),
+    # hard_bounce | complaint | unsubscribe | manual
+    Column("reason", String(40), nullable=False),
+    Column("source", String(100), nullable=False),
+    Column("event_id", String(26)),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)

@@ -1,0 +1,33 @@
+"""The code location: every job, sensor, asset and resource, wired in one place."""
+
+from dagster import Definitions
+
+from email_platform.assets import analytics_assets
+from email_platform.jobs import send_email_job
+from email_platform.resources import AppDatabase, EmailProviderResource, LanePolicy, RoutingResource
+from email_platform.sensors.outbox import outbox_sensors
+from email_platform.sensors.run_failure import send_run_failure_sensor
+
+
+def build_definitions(
+    *,
+    app_database: AppDatabase | None = None,
+    email_provider: EmailProviderResource | None = None,
+    lane_policy: LanePolicy | None = None,
+    routing: RoutingResource | None = None,
+) -> Definitions:
+    """Definitions with the given resources; defaults read ``EMAIL_PLATFORM_*`` at run time."""
+    return Definitions(
+        jobs=[send_email_job],
+        sensors=[*outbox_sensors, send_run_failure_sensor],
+        assets=analytics_assets,
+        resources={
+            "app_database": app_database or AppDatabase(),
+            "email_provider": email_provider or EmailProviderResource(),
+            "lane_policy": lane_policy or LanePolicy(),
+            "routing": routing or RoutingResource(),
+        },
+    )
+
+
+defs = build_definitions()

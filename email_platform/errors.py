@@ -1,0 +1,102 @@
+"""The project's error tree.
+
+``PublishError`` subclasses are what a producer can fix (they are ``ValueError``s and name the
+field). ``ProviderError`` subclasses are what a send can hit: transient ones are retried,
+permanent ones go straight to the dead-letter table. ``ConfigurationError`` is apart on purpose:
+a wrong setting is never dead-lettered and never swallowed, it fails loudly.
+"""
+
+
+class EmailPlatformError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class ConfigurationError(EmailPlatformError):
+    """A setting is missing or wrong; fix the deployment, not the message."""
+
+
+class PublishError(EmailPlatformError, ValueError):
+    """``publish()`` was called with something the caller must fix."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class InvalidAddressError(PublishError):
+    """An email address is not syntactically valid."""
+
+
+class HeaderInjectionError(PublishError):
+    """A value that ends up in a mail header contains CR or LF."""
+
+
+class InvalidPayloadError(PublishError):
+    """The payload is not a JSON object, is too large, or misses a required field."""
+
+
+class UnknownPriorityError(PublishError):
+    """The priority is not one of the lanes."""
+
+
+class NotInTransactionError(EmailPlatformError):
+    """``publish()`` must run inside the caller's transaction, never its own."""
+
+
+class DeliveryError(EmailPlatformError):
+    """A message could not be handed to the provider."""
+
+    #: Short machine-readable reason stored on the dead letter.
+    reason: str = "delivery_failed"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.code = code
+
+
+class TransientError(DeliveryError):
+    """Worth retrying: network errors, timeouts, 429 and 5xx."""
+
+    reason = "transient"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        code: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message, status_code=status_code, code=code)
+        self.retry_after_s = retry_after_s
+
+
+class PermanentError(DeliveryError):
+    """Never worth retrying as is: the message goes to the dead-letter table."""
+
+    reason = "permanent_failure"
+
+
+class ProviderRejectedError(PermanentError):
+    """The provider refused the message (4xx other than 429)."""
+
+    reason = "provider_rejected"
+
+
+class TemplateRenderError(PermanentError):
+    reason = "template_error"
+
+
+class UnknownEventVersionError(PermanentError):
+    reason = "unknown_event_version"
+
+
+class RecipientNotFoundError(PermanentError):
+    reason = "recipient_not_found"

@@ -1,0 +1,131 @@
+"""The send op: one attempt sends one claimed batch of one lane."""
+
+from dagster import (
+    Backoff,
+    Config,
+    Failure,
+    Jitter,
+    MetadataValue,
+    OpExecutionContext,
+    RetryPolicy,
+    RetryRequested,
+    op,
+)
+
+from email_platform.lanes import LaneConfig
+from email_platform.resources import AppDatabase, EmailProviderResource, LanePolicy, RoutingResource
+from email_platform.sending import BatchSender
+from email_platform.store import dead_letters
+
+
+class SendBatchConfig(Config):
+    """Only ids travel in run config: no addresses, no payloads (PII stays in the database)."""
+
+    lane: str
+    event_ids: list[str]
+
+
+def lane_retry_policy(lane: LaneConfig) -> RetryPolicy:
+    return RetryPolicy(
+        max_retries=lane.max_retries,
+        delay=lane.retry_delay_s,
+        backoff=Backoff.EXPONENTIAL,
+        jitter=Jitter.FULL,
+    )
+
+
+def retry_wait_s(lane: LaneConfig, retry_number: int, retry_after_s: float | None) -> float:
+    """The provider's Retry-After when it gave one, else exponential backoff with full jitter.
+
+    Dagster's policy has no ceiling, so the lane's ``max_retry_delay_s`` caps both.
+    """
+    if retry_after_s is not None:
+        return min(retry_after_s, lane.max_retry_delay_s)
+    return min(lane_retry_policy(lane).calculate_delay(retry_number + 1), lane.max_retry_delay_s)
+
+
+# The op-level policy catches what is not a provider outcome (a dropped database connection,
+# a worker interrupted): the retry re-claims the batch and re-sends only what is still pending.
+@op(
+    retry_policy=RetryPolicy(
+        max_retries=3, delay=2.0, backoff=Backoff.EXPONENTIAL, jitter=Jitter.FULL
+    ),
+    tags={"kind": "email"},
+)
+def send_email_batch(
+    context: OpExecutionContext,
+    config: SendBatchConfig,
+    app_database: AppDatabase,
+    email_provider: EmailProviderResource,
+    routing: RoutingResource,
+    lane_policy: LanePolicy,
+) -> dict:
+    """Claim the batch's outbox events, render each mail and send it to the provider.
+
+    Every outcome is recorded as it happens. Transient failures (network, timeout, 429, 5xx)
+    retry the step with exponential backoff and full jitter, honouring Retry-After; only unsent
+    messages are sent again, with their original idempotency key. Permanent failures and
+    exhausted retries become dead letters and fail the run, so an operator can re-execute it.
+    """
+    lane = lane_policy.config_for(config.lane)
+    engine = app_database.get_engine()
+    run = context.run
+    is_reexecution = run.parent_run_id is not None
+    previous_owners = [r for r in (run.parent_run_id, run.root_run_id) if r]
+    provider = email_provider.open(concurrency=lane.concurrency)
+    sender = BatchSender(
+        engine=engine,
+        provider=provider,
+        renderer=routing.renderer(),
+        routes=routing.route_table(),
+        resolver=routing.resolver(engine),
+        lane=lane,
+        sender_address=email_provider.settings().sender,
+        log=context.log,
+    )
+    try:
+        outcome = sender.run(
+            config.event_ids,
+            run_id=context.run_id,
+            previous_owners=previous_owners,
+            replay=is_reexecution,
+        )
+    finally:
+        provider.close()
+
+    context.log.info(
+        f"lane={lane.lane} attempt={context.retry_number} first_event_id={config.event_ids[0]} "
+        f"last_event_id={config.event_ids[-1]} "
+        + " ".join(f"{k}={v}" for k, v in outcome.as_metadata().items())
+    )
+    if outcome.transient:
+        if context.retry_number < lane.max_retries:
+            wait_s = retry_wait_s(lane, context.retry_number, outcome.retry_after_s)
+            context.log.warning(
+                f"{len(outcome.transient)} message(s) failed transiently; retry "
+                f"{context.retry_number + 1}/{lane.max_retries} in {wait_s:.2f}s"
+            )
+            raise RetryRequested(max_retries=lane.max_retries, seconds_to_wait=wait_s)
+        exhausted = sender.give_up(outcome.transient, run_id=context.run_id)
+        context.log.error(f"retries exhausted: {exhausted} message(s) dead-lettered")
+
+    with engine.connect() as connection:
+        open_letters = dead_letters.list_letters(connection, run_id=context.run_id)
+    summary = {**outcome.as_metadata(), "open_dead_letters": len(open_letters)}
+    context.add_output_metadata({k: MetadataValue.int(v) for k, v in summary.items()})
+    if open_letters:
+        raise Failure(
+            description=(
+                f"{len(open_letters)} message(s) of this batch are in dead_letters "
+                f"({', '.join(sorted({d.reason for d in open_letters}))}). Fix the cause, then "
+                "re-execute this run from failure or use `email-platform dlq replay`."
+            ),
+            metadata={
+                "dead_letter_ids": MetadataValue.text(
+                    ", ".join(str(d.dead_letter_id) for d in open_letters[:100])
+                ),
+                **{k: MetadataValue.int(v) for k, v in summary.items()},
+            },
+            allow_retries=False,
+        )
+    return summary

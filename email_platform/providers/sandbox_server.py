@@ -1,0 +1,531 @@
+"""Sandbox email provider: a real HTTP server on loopback that behaves like a transactional
+email API, so the demo, the tests and the benchmarks exercise the genuine network path
+(connection pooling, timeouts, retries, idempotency) without sending real mail.
+
+Behaviour worth knowing when writing tests against it:
+
+* ``POST /v1/send`` needs an ``Idempotency-Key`` header. The first *accepted* (200) answer
+  for a key is stored and replayed verbatim for every later request with that key, with
+  ``Idempotent-Replayed: true``. Faults are never stored, so a retry after a fault can
+  succeed.
+* Faults are decided in this order:
+
+  1. directives in the recipient's local part after ``+``: ``429x2``, ``500x1``, ``503x3``,
+     ``timeoutx1``, ``accepttimeoutx1``, ``reject`` (422), ``400``, ``401``. ``xN`` covers the
+     first N attempts of that idempotency key; a directive without ``xN`` applies to every
+     attempt. Several directives run one after the other, so ``jane+429x1+500x1@example.com``
+     answers 429, then 500, then accepts. Unknown ``+tags`` are ignored.
+  2. rules added through ``POST /_sandbox/faults``; each firing uses up one of its ``times``.
+  3. the random rates of :class:`SandboxConfig`, only on the first attempt of a key. The 5xx
+     rate answers 500 or 503, the 4xx rate answers 400.
+
+* ``timeout`` stalls ``timeout_delay_s`` and then answers 503 (nothing recorded);
+  ``accept_timeout`` records the message first and then stalls before answering 200, which
+  is the "provider accepted but the client gave up" case that idempotency must absorb.
+* ``api_key`` only guards ``/v1/send``; the ``/_sandbox/*`` control endpoints stay open so a
+  test harness can inspect the server without knowing the key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import os
+import random
+import re
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import lru_cache
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+__all__ = ["SandboxConfig", "SandboxServer", "create_app", "serve"]
+
+
+@dataclass
+class SandboxConfig:
+    """Behaviour of one sandbox provider instance."""
+
+    api_key: str | None = None
+    latency_ms: float = 0
+    rate_429: float = 0
+    rate_5xx: float = 0
+    rate_timeout: float = 0
+    rate_accept_timeout: float = 0
+    rate_4xx: float = 0
+    retry_after_s: float = 1
+    timeout_delay_s: float = 30
+    seed: int | None = None
+
+
+FAULT_KINDS = ("429", "500", "503", "timeout", "accept_timeout", "422", "400", "401")
+RULE_KINDS = frozenset(FAULT_KINDS) - {"401"}
+
+_DIRECTIVE_RE = re.compile(r"^(429|500|503|timeout|accepttimeout|reject|400|401)(?:x(\d+))?$")
+_DIRECTIVE_KIND = {"accepttimeout": "accept_timeout", "reject": "422"}
+
+_JSON = "application/json"
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _json(status: int, obj: Any, headers: dict[str, str] | None = None) -> Response:
+    return Response(_dumps(obj), status_code=status, headers=headers, media_type=_JSON)
+
+
+def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response:
+    return _json(status, {"error": {"code": code, "message": message}}, headers)
+
+
+def _retry_after_value(seconds: float) -> str:
+    # Whole seconds are what real providers send; fractional values are kept (not rounded up)
+    # so fast tests can configure sub-second back-off and still see it honoured.
+    seconds = max(0.0, float(seconds))
+    return str(int(seconds)) if seconds.is_integer() else f"{seconds:g}"
+
+
+@lru_cache(maxsize=4096)
+def _parse_directives(to: str) -> tuple[tuple[str, int | None], ...]:
+    # Cached because benchmarks send many messages to the same few addresses.
+    local = to.rpartition("@")[0]
+    directives: list[tuple[str, int | None]] = []
+    for token in local.split("+")[1:]:
+        match = _DIRECTIVE_RE.match(token.lower())
+        if match is None:
+            continue
+        name, count = match.groups()
+        directives.append((_DIRECTIVE_KIND.get(name, name), int(count) if count else None))
+    return tuple(directives)
+
+
+def _directive_for_attempt(to: str, attempt: int) -> str | None:
+    first_attempt_of_window = 0
+    for kind, count in _parse_directives(to):
+        if count is None or attempt < first_attempt_of_window + count:
+            return kind
+        first_attempt_of_window += count
+    return None
+
+
+@dataclass
+class _FaultRule:
+    kind: str
+    times: int
+    to: str | None = None
+    event_id: str | None = None
+
+    def matches(self, to: str, event_id: str | None) -> bool:
+        if self.to is not None and self.to != to:
+            return False
+        return self.event_id is None or self.event_id == event_id
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "times": self.times, "to": self.to, "event_id": self.event_id}
+
+
+def _parse_rule(raw: Any) -> _FaultRule:
+    if not isinstance(raw, dict):
+        raise ValueError("each rule must be an object")
+    kind = str(raw.get("kind", ""))
+    if kind not in RULE_KINDS:
+        raise ValueError(f"rule kind must be one of {sorted(RULE_KINDS)}, got {kind!r}")
+    times = raw.get("times", 1)
+    if isinstance(times, bool) or not isinstance(times, int) or times < 1:
+        raise ValueError("rule times must be a positive integer")
+    to, event_id = raw.get("to"), raw.get("event_id")
+    if not (to is None or isinstance(to, str)) or not (
+        event_id is None or isinstance(event_id, str)
+    ):
+        raise ValueError("rule to/event_id must be strings or null")
+    return _FaultRule(kind=kind, times=times, to=to, event_id=event_id)
+
+
+class _SandboxState:
+    """All mutable state of one app.
+
+    Every read-modify-write happens under ``lock`` and never spans an ``await``: inside one
+    event loop that alone makes each decision atomic, and the threading lock (uncontended, so
+    nearly free) keeps it correct if the app is ever driven from several threads/loops.
+    """
+
+    def __init__(self, config: SandboxConfig) -> None:
+        self.config = config
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        with self.lock:
+            # Reseeding keeps a reset server reproducible, like a freshly started one.
+            self.rng = random.Random(self.config.seed)
+            self.messages: list[dict[str, Any]] = []
+            self.answers: dict[str, tuple[int, bytes]] = {}
+            self.attempts: dict[str, int] = {}
+            self.rules: list[_FaultRule] = []
+            self.requests = 0
+            self.repeated_keys = 0
+            self.faults = dict.fromkeys(FAULT_KINDS, 0)
+
+    def pick_random_fault(self) -> str | None:
+        cfg = self.config
+        total = (
+            cfg.rate_429 + cfg.rate_5xx + cfg.rate_timeout + cfg.rate_accept_timeout + cfg.rate_4xx
+        )
+        if total <= 0:
+            return None
+        # One draw per request keeps the fault sequence a pure function of the seed.
+        u = self.rng.random()
+        edge = cfg.rate_429
+        if u < edge:
+            return "429"
+        if u < edge + cfg.rate_5xx:
+            return "500" if u < edge + cfg.rate_5xx / 2 else "503"
+        edge += cfg.rate_5xx
+        if u < edge + cfg.rate_timeout:
+            return "timeout"
+        edge += cfg.rate_timeout
+        if u < edge + cfg.rate_accept_timeout:
+            return "accept_timeout"
+        edge += cfg.rate_accept_timeout
+        if u < edge + cfg.rate_4xx:
+            return "400"
+        return None
+
+    def pick_fault(self, key: str, to: str, event_id: str | None) -> str | None:
+        """Decide this attempt's fault; caller holds ``lock``."""
+        attempt = self.attempts.get(key, 0)
+        self.attempts[key] = attempt + 1
+        kind = _directive_for_attempt(to, attempt)
+        if kind is not None:
+            return kind
+        for index, rule in enumerate(self.rules):
+            if rule.matches(to, event_id):
+                rule.times -= 1
+                if rule.times <= 0:
+                    del self.rules[index]
+                return rule.kind
+        if attempt == 0:
+            return self.pick_random_fault()
+        return None
+
+    def accept(self, key: str, payload: dict[str, Any]) -> bytes:
+        """Record the message and store its replayable answer; caller holds ``lock``."""
+        accepted_at = datetime.now(UTC).isoformat()
+        message_id = "sbx_" + os.urandom(12).hex()
+        self.messages.append(
+            {
+                "id": message_id,
+                "idempotency_key": key,
+                "to": payload["to"],
+                "from": payload["from"],
+                "subject": payload["subject"],
+                "text": payload.get("text") or "",
+                "html": payload.get("html"),
+                "headers": payload.get("headers") or {},
+                "metadata": payload.get("metadata") or {},
+                "tags": payload.get("tags") or [],
+                "accepted_at": accepted_at,
+            }
+        )
+        body = _dumps({"id": message_id, "accepted_at": accepted_at})
+        self.answers[key] = (200, body)
+        self.attempts.pop(key, None)
+        return body
+
+    def stats(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "requests": self.requests,
+                "accepted": len(self.messages),
+                "repeated_keys": self.repeated_keys,
+                "faults": dict(self.faults),
+            }
+
+
+def _validate(payload: Any) -> Response | None:
+    if not isinstance(payload, dict):
+        return _error(422, "invalid_request", "request body must be a JSON object")
+    to = payload.get("to")
+    if not isinstance(to, str) or not to.strip():
+        return _error(422, "invalid_recipient", "'to' is required")
+    if "@" not in to:
+        return _error(422, "invalid_recipient", f"'to' is not an email address: {to!r}")
+    for field in ("from", "subject"):
+        value = payload.get(field)
+        if not isinstance(value, str) or not value.strip():
+            return _error(422, "invalid_request", f"'{field}' is required")
+    for field, kind in (("text", str), ("html", str), ("headers", dict), ("metadata", dict)):
+        value = payload.get(field)
+        if value is not None and not isinstance(value, kind):
+            return _error(422, "invalid_request", f"'{field}' must be a {kind.__name__}")
+    tags = payload.get("tags")
+    if tags is not None and (
+        not isinstance(tags, list) or not all(isinstance(t, str) for t in tags)
+    ):
+        return _error(422, "invalid_request", "'tags' must be a list of strings")
+    return None
+
+
+def _fault_response(kind: str, retry_after: str) -> Response:
+    if kind == "429":
+        return _error(429, "rate_limited", "rate limit exceeded", {"Retry-After": retry_after})
+    if kind in ("500", "503", "timeout"):
+        return _error(503 if kind == "timeout" else int(kind), "server_error", "provider error")
+    if kind == "422":
+        return _error(422, "invalid_recipient", "recipient rejected by provider")
+    if kind == "401":
+        return _error(401, "unauthorized", "invalid API key")
+    return _error(400, "bad_request", "request rejected by provider")
+
+
+def create_app(config: SandboxConfig) -> Starlette:
+    """Build the sandbox provider ASGI app; its state lives on ``app.state.sandbox``."""
+    state = _SandboxState(config)
+    expected_auth = f"Bearer {config.api_key}".encode() if config.api_key is not None else None
+    retry_after = _retry_after_value(config.retry_after_s)
+    latency_s = max(0.0, config.latency_ms) / 1000.0
+
+    async def send(request: Request) -> Response:
+        with state.lock:
+            state.requests += 1
+        if latency_s:
+            await asyncio.sleep(latency_s)
+
+        if expected_auth is not None:
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected_auth):
+                return _error(401, "unauthorized", "missing or invalid API key")
+
+        key = request.headers.get("idempotency-key", "").strip()
+        if not key:
+            return _error(400, "missing_idempotency_key", "Idempotency-Key header is required")
+
+        # Replay before parsing: a duplicate must get the stored answer whatever its body is.
+        with state.lock:
+            stored = state.answers.get(key)
+            if stored is not None:
+                state.repeated_keys += 1
+        if stored is not None:
+            status, body = stored
+            return Response(
+                body, status_code=status, media_type=_JSON, headers={"Idempotent-Replayed": "true"}
+            )
+
+        raw = await request.body()
+        try:
+            payload = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            return _error(400, "invalid_json", "request body is not valid JSON")
+        invalid = _validate(payload)
+        if invalid is not None:
+            return invalid
+
+        metadata = payload.get("metadata") or {}
+        event_id = metadata.get("event_id")
+        body = b""
+        with state.lock:
+            # Re-check: a concurrent request with this key may have been accepted while this
+            # one was reading its body.
+            stored = state.answers.get(key)
+            if stored is not None:
+                state.repeated_keys += 1
+                fault = None
+            else:
+                fault = state.pick_fault(key, payload["to"], event_id)
+                if fault is not None:
+                    state.faults[fault] += 1
+                if fault is None or fault == "accept_timeout":
+                    body = state.accept(key, payload)
+        if stored is not None:
+            return Response(
+                stored[1],
+                status_code=stored[0],
+                media_type=_JSON,
+                headers={"Idempotent-Replayed": "true"},
+            )
+        if fault is None:
+            return Response(body, media_type=_JSON)
+        if fault in ("timeout", "accept_timeout"):
+            await asyncio.sleep(config.timeout_delay_s)
+            if fault == "accept_timeout":
+                return Response(body, media_type=_JSON)
+        return _fault_response(fault, retry_after)
+
+    async def list_messages(request: Request) -> Response:
+        event_id = request.query_params.get("event_id")
+        with state.lock:
+            messages = list(state.messages)
+        if event_id is not None:
+            messages = [m for m in messages if m["metadata"].get("event_id") == event_id]
+        return _json(200, {"messages": messages})
+
+    async def stats(request: Request) -> Response:
+        return _json(200, state.stats())
+
+    async def add_faults(request: Request) -> Response:
+        try:
+            payload = json.loads(await request.body())
+        except (ValueError, UnicodeDecodeError):
+            return _error(400, "invalid_json", "request body is not valid JSON")
+        raw_rules = payload.get("rules") if isinstance(payload, dict) else None
+        if not isinstance(raw_rules, list):
+            return _error(422, "invalid_request", "body must be {'rules': [...]}")
+        try:
+            new_rules = [_parse_rule(raw) for raw in raw_rules]
+        except ValueError as exc:
+            return _error(422, "invalid_request", str(exc))
+        with state.lock:
+            state.rules.extend(new_rules)
+            rules = [rule.as_dict() for rule in state.rules]
+        return _json(200, {"added": len(new_rules), "rules": rules})
+
+    async def list_faults(request: Request) -> Response:
+        with state.lock:
+            rules = [rule.as_dict() for rule in state.rules]
+        return _json(200, {"rules": rules})
+
+    async def reset(request: Request) -> Response:
+        state.reset()
+        return _json(200, {"ok": True})
+
+    async def health(request: Request) -> Response:
+        return _json(200, {"ok": True})
+
+    app = Starlette(
+        routes=[
+            Route("/v1/send", send, methods=["POST"]),
+            Route("/_sandbox/messages", list_messages, methods=["GET"]),
+            Route("/_sandbox/stats", stats, methods=["GET"]),
+            Route("/_sandbox/faults", add_faults, methods=["POST"]),
+            Route("/_sandbox/faults", list_faults, methods=["GET"]),
+            Route("/_sandbox/reset", reset, methods=["POST"]),
+            Route("/_sandbox/health", health, methods=["GET"]),
+        ]
+    )
+    app.state.sandbox = state
+    return app
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    # Binding ourselves (rather than letting uvicorn do it) gives the real port before the
+    # server starts and leaves no window in which another process could grab it.
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _uvicorn_config(app: Starlette, shutdown_timeout: float | None) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=shutdown_timeout,
+    )
+
+
+class SandboxServer:
+    """Runs the sandbox provider in a daemon thread; ``with SandboxServer(cfg) as url: ...``."""
+
+    def __init__(
+        self,
+        config: SandboxConfig | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        shutdown_timeout: float = 2.0,
+    ) -> None:
+        self.config = config if config is not None else SandboxConfig()
+        self.host = host
+        self.port = port
+        # Bounded so stop() cannot hang on a request stalled by a long timeout fault.
+        self.shutdown_timeout = shutdown_timeout
+        self.app = create_app(self.config)
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
+        self._base_url: str | None = None
+
+    @property
+    def base_url(self) -> str:
+        if self._base_url is None:
+            raise RuntimeError("SandboxServer is not started")
+        return self._base_url
+
+    def start(self, timeout: float = 10.0) -> str:
+        """Start serving and return the base URL once the server accepts connections."""
+        if self._thread is not None:
+            raise RuntimeError("SandboxServer already started")
+        sock = _bind(self.host, self.port)
+        port = sock.getsockname()[1]
+        server = uvicorn.Server(_uvicorn_config(self.app, self.shutdown_timeout))
+        thread = threading.Thread(
+            target=server.run,
+            kwargs={"sockets": [sock]},
+            name=f"sandbox-provider-{port}",
+            daemon=True,
+        )
+        self._server, self._thread, self._sock = server, thread, sock
+        thread.start()
+        deadline = time.monotonic() + timeout
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"sandbox provider failed to start on {self.host}:{port}")
+            time.sleep(0.005)
+        self.port = port
+        self._base_url = _url(self.host, port)
+        return self._base_url
+
+    def stop(self) -> None:
+        """Stop the server and wait for its thread; safe to call more than once."""
+        server, thread, sock = self._server, self._thread, self._sock
+        self._server = self._thread = self._sock = None
+        self._base_url = None
+        if server is not None:
+            server.should_exit = True
+        if thread is not None:
+            thread.join(self.shutdown_timeout + 5.0)
+            if thread.is_alive() and server is not None:
+                server.force_exit = True
+                thread.join(5.0)
+        if sock is not None:
+            sock.close()
+
+    def __enter__(self) -> str:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def serve(config: SandboxConfig, host: str, port: int) -> None:
+    """Serve the sandbox provider in the foreground until interrupted (CLI entry point)."""
+    sock = _bind(host, port)
+    url = _url(host, sock.getsockname()[1])
+    print(f"sandbox provider listening on {url}", file=sys.stderr, flush=True)
+    try:
+        uvicorn.Server(_uvicorn_config(create_app(config), None)).run(sockets=[sock])
+    finally:
+        sock.close()

@@ -1,0 +1,124 @@
+"""``publish()``: the one call product code makes, inside its own transaction."""
+
+from collections.abc import Mapping
+from datetime import datetime
+from functools import cache
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.orm import Session
+
+from email_platform import validation
+from email_platform.errors import InvalidPayloadError, NotInTransactionError, PublishError
+from email_platform.ids import new_ulid
+from email_platform.lanes import Lane
+from email_platform.routes import RouteTable, default_routes
+from email_platform.store import outbox
+from email_platform.timeutil import utcnow
+
+
+@cache
+def _shipped_routes() -> RouteTable:
+    return default_routes()
+
+
+def publish(
+    connection: Connection | Session,
+    *,
+    event_type: str,
+    aggregate_id: str,
+    payload: Mapping[str, Any],
+    event_version: int | None = None,
+    occurred_at: datetime | None = None,
+    send_after: datetime | None = None,
+    expires_at: datetime | None = None,
+    idempotency_key: str | None = None,
+    priority: str | Lane | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    routes: RouteTable | None = None,
+) -> str:
+    """Write one event to the outbox in the caller's open transaction and return its id.
+
+    Raises a ``PublishError`` (a ``ValueError`` naming the field) for anything the caller can fix.
+    Never commits, never opens a transaction of its own, never touches the network: if the
+    caller's transaction rolls back, the event never existed.
+    """
+    routes = routes or _shipped_routes()
+    event_type = validation.check_event_type(event_type)
+    aggregate_id = validation.check_aggregate_id(aggregate_id)
+    clean_payload = validation.check_payload(payload)
+    clean_metadata = validation.check_metadata(metadata)
+    lane_override = validation.check_priority(priority)
+    occurred_at = validation.check_aware("occurred_at", occurred_at)
+    send_after = validation.check_aware("send_after", send_after)
+    expires_at = validation.check_aware("expires_at", expires_at)
+    idempotency_key = validation.check_idempotency_key(idempotency_key)
+    if event_version is None:
+        event_version = routes.current_version(event_type) or 1
+    if not isinstance(event_version, int) or isinstance(event_version, bool) or event_version < 1:
+        raise PublishError("event_version", "must be a positive integer")
+
+    _check_routed_fields(routes, event_type, clean_payload)
+
+    now = utcnow()
+    available_at = send_after or now
+    if expires_at is not None and expires_at <= available_at:
+        raise PublishError("expires_at", "must be later than send_after (or now)")
+
+    bound = _bound_connection(connection)
+    event_id = new_ulid()
+    outbox.insert_event(
+        bound,
+        {
+            "event_id": event_id,
+            "event_type": event_type,
+            "event_version": event_version,
+            "aggregate_id": aggregate_id,
+            "occurred_at": occurred_at or now,
+            "published_at": now,
+            "payload": clean_payload,
+            "event_metadata": clean_metadata,
+            "lane": (lane_override or routes.lane_for(event_type) or Lane.TRANSACTIONAL).value,
+            "available_at": available_at,
+            "expires_at": expires_at,
+            "idempotency_key": idempotency_key,
+            "status": outbox.PENDING,
+        },
+    )
+    return event_id
+
+
+def _check_routed_fields(routes: RouteTable, event_type: str, payload: dict[str, Any]) -> None:
+    for field in sorted(routes.header_fields_for(event_type)):
+        validation.check_no_line_breaks(f"payload.{field}", payload.get(field))
+    for field in sorted(routes.recipient_fields_for(event_type)):
+        if field not in payload:
+            raise InvalidPayloadError(f"payload.{field}", f"is required by {event_type} routes")
+        validation.check_address(f"payload.{field}", payload[field])
+    for route in routes.routes:
+        lookup = route.recipient_lookup_field
+        if route.event_type == event_type and lookup and not payload.get(lookup):
+            raise InvalidPayloadError(
+                f"payload.{lookup}", f"is required by route {route.name} to look the recipient up"
+            )
+        if route.event_type == event_type and route.dedupe_key:
+            try:
+                route.dedupe_key_for(payload)
+            except (KeyError, IndexError, ValueError) as exc:
+                raise InvalidPayloadError(
+                    "payload", f"route {route.name} dedupes on {route.dedupe_key!r}: {exc}"
+                ) from None
+
+
+def _bound_connection(connection: Connection | Session) -> Connection:
+    if isinstance(connection, Session):
+        # The session's own transaction (begun implicitly if need be) is the caller's.
+        return connection.connection()
+    if not isinstance(connection, Connection):
+        raise TypeError("publish() takes a SQLAlchemy Connection or Session")
+    if not connection.in_transaction():
+        raise NotInTransactionError(
+            "publish() must be called inside the caller's transaction "
+            "(e.g. `with engine.begin() as connection:`), next to the business write"
+        )
+    return connection

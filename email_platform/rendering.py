@@ -1,0 +1,92 @@
+"""Template rendering: Jinja2 in strict-undefined mode, versioned templates, cached.
+
+Layout: ``templates/<name>/v<version>/{subject.txt,text.txt,html.html}``. A missing variable,
+a syntax error or a subject with a line break is a ``TemplateRenderError`` (permanent: no retry
+will fix it; a template fix plus a replay will).
+"""
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from email_platform.errors import TemplateRenderError
+
+PACKAGE_TEMPLATES = Path(__file__).parent / "templates"
+_VERSION_DIR = re.compile(r"^v(\d+)$")
+
+
+@dataclass(frozen=True)
+class RenderedEmail:
+    subject: str
+    text: str
+    html: str | None
+    template: str
+    template_version: int
+
+
+class TemplateRenderer:
+    """Renders a template version with a payload. Compiled templates are cached per instance."""
+
+    def __init__(self, directory: Path | str = PACKAGE_TEMPLATES) -> None:
+        self.directory = Path(directory)
+        loader = jinja2.FileSystemLoader(str(self.directory))
+        self._text_env = jinja2.Environment(
+            loader=loader,
+            undefined=jinja2.StrictUndefined,
+            autoescape=False,
+            keep_trailing_newline=False,
+        )
+        self._html_env = jinja2.Environment(
+            loader=loader,
+            undefined=jinja2.StrictUndefined,
+            autoescape=True,
+        )
+        self._latest = cache(self._find_latest_version)
+
+    def _find_latest_version(self, template: str) -> int:
+        root = self.directory / template
+        versions = [
+            int(m.group(1))
+            for p in (root.iterdir() if root.is_dir() else [])
+            if (m := _VERSION_DIR.match(p.name))
+        ]
+        if not versions:
+            raise TemplateRenderError(
+                f"template {template!r} does not exist", code="template_missing"
+            )
+        return max(versions)
+
+    def latest_version(self, template: str) -> int:
+        return self._latest(template)
+
+    def render(self, template: str, version: int | None, context: dict[str, Any]) -> RenderedEmail:
+        version = version or self.latest_version(template)
+        base = f"{template}/v{version}"
+        try:
+            subject = self._text_env.get_template(f"{base}/subject.txt").render(context).strip()
+            text = self._text_env.get_template(f"{base}/text.txt").render(context)
+            html_path = self.directory / base / "html.html"
+            html = (
+                self._html_env.get_template(f"{base}/html.html").render(context)
+                if html_path.exists()
+                else None
+            )
+        except jinja2.TemplateNotFound as exc:
+            raise TemplateRenderError(
+                f"{base}: missing {exc.name}", code="template_missing"
+            ) from exc
+        except jinja2.TemplateError as exc:
+            raise TemplateRenderError(f"{base}: {exc}", code="template_error") from exc
+        except (TypeError, ValueError) as exc:
+            raise TemplateRenderError(f"{base}: {exc}", code="template_error") from exc
+        if "\r" in subject or "\n" in subject:
+            raise TemplateRenderError(
+                f"{base}: rendered subject contains a line break", code="header_injection"
+            )
+        return RenderedEmail(
+            subject=subject, text=text, html=html, template=template, template_version=version
+        )

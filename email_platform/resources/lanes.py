@@ -1,0 +1,39 @@
+import dataclasses
+import json
+
+from dagster import ConfigurableResource
+
+from email_platform import config
+from email_platform.errors import ConfigurationError
+from email_platform.lanes import DEFAULT_LANE_CONFIGS, LaneConfig, parse_lane
+
+
+class LanePolicy(ConfigurableResource):
+    """Per-lane batch size, concurrency, retries and leases.
+
+    ``overrides_json`` is a JSON object like ``{"bulk": {"batch_size": 1000}}`` laid over the
+    shipped defaults; empty means ``EMAIL_PLATFORM_LANES`` from the environment.
+    """
+
+    overrides_json: str | None = None
+
+    def config_for(self, lane: str) -> LaneConfig:
+        parsed = parse_lane(lane)
+        base = DEFAULT_LANE_CONFIGS[parsed]
+        overrides = self._overrides().get(parsed.value, {})
+        try:
+            return dataclasses.replace(base, **overrides)
+        except TypeError as exc:
+            raise ConfigurationError(f"lane override for {parsed.value}: {exc}") from None
+
+    def _overrides(self) -> dict[str, dict]:
+        raw = self.overrides_json or config.lane_overrides_json()
+        if not raw:
+            return {}
+        try:
+            value = json.loads(raw)
+        except ValueError as exc:
+            raise ConfigurationError(f"lane overrides are not JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise ConfigurationError("lane overrides must be a JSON object keyed by lane")
+        return value

@@ -1,0 +1,164 @@
+"""Routes: which mail an event causes, and upcasters for older event versions.
+
+Plain data and pure functions; the send op looks events up here, ``publish()`` reads the lane.
+"""
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from email_platform.errors import UnknownEventVersionError
+from email_platform.lanes import Lane
+
+Payload = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Route:
+    """One mail an event causes."""
+
+    name: str
+    event_type: str
+    event_version: int
+    template: str
+    lane: Lane
+    #: Time to live from publish; the message becomes ``expired`` instead of sending later.
+    ttl_s: int | None = None
+    #: Payload field that holds the recipient address ...
+    recipient_field: str | None = "email"
+    #: ... or payload field whose value the recipient resolver looks up at send time.
+    recipient_lookup_field: str | None = None
+    #: Payload fields that end up in headers (subject, display name): CR/LF is refused on publish.
+    header_fields: tuple[str, ...] = ()
+    #: Application-level dedupe: a ``str.format`` pattern over the payload, e.g.
+    #: ``"welcome:{user_id}"``. A second message with the same key is ``duplicate``.
+    dedupe_key: str | None = None
+    #: Pin a template version; ``None`` renders the newest.
+    template_version: int | None = None
+    #: Transactional security mail may reach an address that unsubscribed from marketing;
+    #: a hard-bounced or complained address is never mailed.
+    bypass_unsubscribe: bool = False
+
+    def dedupe_key_for(self, payload: Mapping[str, Any]) -> str | None:
+        if self.dedupe_key is None:
+            return None
+        return f"{self.name}:{self.dedupe_key.format_map(payload)}"
+
+
+Upcaster = Callable[[Payload], Payload]
+
+
+@dataclass
+class RouteTable:
+    """Routes by ``(event_type, event_version)`` plus upcasters from older versions."""
+
+    routes: list[Route] = field(default_factory=list)
+    #: ``(event_type, from_version) -> function`` that returns the payload of ``from_version + 1``.
+    upcasters: dict[tuple[str, int], Upcaster] = field(default_factory=dict)
+
+    def current_version(self, event_type: str) -> int | None:
+        versions = [r.event_version for r in self.routes if r.event_type == event_type]
+        return max(versions) if versions else None
+
+    def knows(self, event_type: str) -> bool:
+        return self.current_version(event_type) is not None
+
+    def upcast(self, event_type: str, version: int, payload: Payload) -> tuple[int, Payload]:
+        """Bring an event to the routed version, or raise ``UnknownEventVersionError``."""
+        current = self.current_version(event_type)
+        if current is None:
+            return version, payload
+        while version < current:
+            step = self.upcasters.get((event_type, version))
+            if step is None:
+                raise UnknownEventVersionError(
+                    f"{event_type} v{version} has no upcaster to v{version + 1}",
+                    code="unknown_event_version",
+                )
+            payload, version = step(dict(payload)), version + 1
+        if version != current:
+            raise UnknownEventVersionError(
+                f"{event_type} v{version} is newer than the routed v{current}",
+                code="unknown_event_version",
+            )
+        return version, payload
+
+    def for_event(self, event_type: str, version: int) -> list[Route]:
+        return [r for r in self.routes if r.event_type == event_type and r.event_version == version]
+
+    def lane_for(self, event_type: str) -> Lane | None:
+        lanes = [r.lane for r in self.routes if r.event_type == event_type]
+        # An event that causes several mails travels in its most urgent lane.
+        order = [Lane.CRITICAL, Lane.TRANSACTIONAL, Lane.BULK]
+        return min(lanes, key=order.index) if lanes else None
+
+    def header_fields_for(self, event_type: str) -> set[str]:
+        fields: set[str] = set()
+        for r in self.routes:
+            if r.event_type == event_type:
+                fields.update(r.header_fields)
+                if r.recipient_field:
+                    fields.add(r.recipient_field)
+        return fields
+
+    def recipient_fields_for(self, event_type: str) -> set[str]:
+        return {
+            r.recipient_field
+            for r in self.routes
+            if r.event_type == event_type and r.recipient_field
+        }
+
+
+def _signed_up_v1_to_v2(payload: Payload) -> Payload:
+    # v1 carried one "name"; v2 splits out the first name the welcome mail greets with.
+    name = str(payload.pop("name", "") or "")
+    payload.setdefault("first_name", name.split(" ")[0] if name else "there")
+    return payload
+
+
+def default_routes() -> RouteTable:
+    """The routes that ship with the platform and drive the demo."""
+    return RouteTable(
+        routes=[
+            Route(
+                name="welcome",
+                event_type="user.signed_up",
+                event_version=2,
+                template="welcome",
+                lane=Lane.TRANSACTIONAL,
+                ttl_s=3 * 24 * 3600,
+                header_fields=("first_name",),
+                dedupe_key="{user_id}",
+            ),
+            Route(
+                name="password_reset",
+                event_type="user.password_reset_requested",
+                event_version=1,
+                template="password_reset",
+                lane=Lane.CRITICAL,
+                ttl_s=15 * 60,
+                recipient_field=None,
+                recipient_lookup_field="user_id",
+                bypass_unsubscribe=True,
+            ),
+            Route(
+                name="receipt",
+                event_type="order.paid",
+                event_version=1,
+                template="receipt",
+                lane=Lane.TRANSACTIONAL,
+                ttl_s=7 * 24 * 3600,
+                header_fields=("first_name",),
+            ),
+            Route(
+                name="weekly_digest",
+                event_type="digest.ready",
+                event_version=1,
+                template="weekly_digest",
+                lane=Lane.BULK,
+                ttl_s=2 * 24 * 3600,
+                header_fields=("first_name",),
+            ),
+        ],
+        upcasters={("user.signed_up", 1): _signed_up_v1_to_v2},
+    )

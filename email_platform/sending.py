@@ -1,0 +1,629 @@
+"""The send path without Dagster: claim a batch, route, render, send, record every outcome.
+
+``BatchSender.run`` is what one attempt of the send op does. It commits each decision as soon
+as it is made, so a crash at any point loses no outcome that was already known, and the next
+attempt (same run, a re-execution, or another run after the lease expires) redoes only what is
+still pending, under the idempotency key that was committed before the first provider call.
+"""
+
+import logging
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine, Row
+
+from email_platform.classify import classify_exception, is_transient
+from email_platform.errors import (
+    DeliveryError,
+    PermanentError,
+    RecipientNotFoundError,
+    TemplateRenderError,
+    TransientError,
+    UnknownEventVersionError,
+)
+from email_platform.lanes import LaneConfig
+from email_platform.providers.base import Accepted, EmailProvider, OutgoingEmail
+from email_platform.recipients import RecipientResolver
+from email_platform.rendering import TemplateRenderer
+from email_platform.routes import Route, RouteTable
+from email_platform.store import attempts, dead_letters, messages, outbox, suppressions
+from email_platform.timeutil import as_utc, utcnow
+
+# A run that keeps dying on the same events must not loop forever.
+MAX_CLAIMS = 5
+_HARD_SUPPRESSIONS = {suppressions.HARD_BOUNCE, suppressions.COMPLAINT, suppressions.MANUAL}
+
+
+@dataclass
+class BatchOutcome:
+    requested: int = 0
+    claimed: list[str] = field(default_factory=list)
+    sent: int = 0
+    suppressed: int = 0
+    expired: int = 0
+    duplicate: int = 0
+    dead: int = 0
+    ignored: int = 0
+    #: Messages that failed transiently this attempt and are still pending.
+    transient: list[int] = field(default_factory=list)
+    #: Largest Retry-After among the transient failures, if any provider gave one.
+    retry_after_s: float | None = None
+
+    @property
+    def skipped(self) -> int:
+        """Requested events this run did not get: done already, or held by another run."""
+        return self.requested - len(self.claimed)
+
+    def as_metadata(self) -> dict[str, int]:
+        return {
+            "requested": self.requested,
+            "claimed": len(self.claimed),
+            "skipped": self.skipped,
+            "sent": self.sent,
+            "suppressed": self.suppressed,
+            "expired": self.expired,
+            "duplicate": self.duplicate,
+            "dead_lettered": self.dead,
+            "ignored": self.ignored,
+            "transient": len(self.transient),
+        }
+
+
+@dataclass
+class _Work:
+    """One message to hand to the provider in this attempt."""
+
+    message: Row
+    email: OutgoingEmail
+
+
+class BatchSender:
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        provider: EmailProvider,
+        renderer: TemplateRenderer,
+        routes: RouteTable,
+        resolver: RecipientResolver,
+        lane: LaneConfig,
+        sender_address: str,
+        log: logging.Logger | Any | None = None,
+    ) -> None:
+        self.engine = engine
+        self.provider = provider
+        self.renderer = renderer
+        self.routes = routes
+        self.resolver = resolver
+        self.lane = lane
+        self.sender_address = sender_address
+        self.log = log or logging.getLogger(__name__)
+
+    # ---- one attempt -------------------------------------------------------------------------
+
+    def run(
+        self,
+        event_ids: Sequence[str],
+        *,
+        run_id: str,
+        previous_owners: Sequence[str] = (),
+        replay: bool = False,
+    ) -> BatchOutcome:
+        outcome = BatchOutcome(requested=len(event_ids))
+        now = utcnow()
+        with self.engine.begin() as connection:
+            claimed = outbox.claim(
+                connection,
+                event_ids,
+                run_id=run_id,
+                previous_owners=previous_owners,
+                lease_s=self.lane.lease_s,
+                now=now,
+                include_dead=replay,
+            )
+            if replay:
+                messages.reopen_dead(connection, [e.event_id for e in claimed], now)
+        outcome.claimed = [event.event_id for event in claimed]
+        if not claimed:
+            return outcome
+
+        work = self._prepare(claimed, run_id, outcome, replay)
+        self._send_all(work, run_id, outcome)
+        self._finish_events(claimed, run_id, outcome)
+        return outcome
+
+    def give_up(self, message_ids: Sequence[int], *, run_id: str) -> int:
+        """Retries are exhausted: every still-pending message becomes a dead letter."""
+        now = utcnow()
+        count = 0
+        event_ids: set[str] = set()
+        with self.engine.begin() as connection:
+            for message_id in message_ids:
+                message = messages.get(connection, message_id)
+                if message is None or message.status != messages.PENDING:
+                    continue
+                self._dead_letter(
+                    connection,
+                    message,
+                    "retries_exhausted",
+                    message.last_error or "transient failures until retries ran out",
+                    code="retries_exhausted",
+                    run_id=run_id,
+                    now=now,
+                )
+                event_ids.add(message.event_id)
+                count += 1
+        if event_ids:
+            with self.engine.begin() as connection:
+                self._settle(connection, sorted(event_ids), run_id, utcnow())
+        return count
+
+    # ---- preparation: route, dedupe, recipient, expiry, suppression, render ----------------
+
+    def _prepare(
+        self, claimed: Sequence[Row], run_id: str, outcome: BatchOutcome, replay: bool
+    ) -> list[_Work]:
+        lookups = self._look_up_recipients(claimed)
+        now = utcnow()
+        work: list[_Work] = []
+        with self.engine.begin() as connection:
+            existing: dict[tuple[str, str], Row] = {
+                (m.event_id, m.route): m
+                for m in messages.for_events(connection, [e.event_id for e in claimed])
+            }
+            pending: list[tuple[Row, Row, Route, dict[str, Any]]] = []
+            for event in claimed:
+                if not replay and event.claim_count > MAX_CLAIMS:
+                    self._crash_loop(connection, event, existing, run_id, now)
+                    outcome.dead += 1
+                    continue
+                try:
+                    version, payload = self.routes.upcast(
+                        event.event_type, event.event_version, dict(event.payload)
+                    )
+                except UnknownEventVersionError as error:
+                    self._dead_letter_event(connection, event, error, run_id, now)
+                    outcome.dead += 1
+                    continue
+                event_routes = self.routes.for_event(event.event_type, version)
+                if not event_routes:
+                    outbox.finish(
+                        connection,
+                        [event.event_id],
+                        status=outbox.DONE,
+                        resolution="ignored",
+                        now=now,
+                    )
+                    outcome.ignored += 1
+                    continue
+                if replay:
+                    dead_letters.resolve_for_events(
+                        connection,
+                        [event.event_id],
+                        status=dead_letters.REPLAYED,
+                        run_id=run_id,
+                        now=now,
+                    )
+                for route in event_routes:
+                    message = existing.get((event.event_id, route.name))
+                    if message is None:
+                        message = self._create_message(
+                            connection, event, route, payload, now, run_id, lookups
+                        )
+                    if message.status == messages.DUPLICATE:
+                        outcome.duplicate += 1
+                    elif message.status == messages.DEAD:
+                        outcome.dead += 1
+                    elif message.status == messages.PENDING:
+                        pending.append((event, message, route, payload))
+
+            reasons = suppressions.reasons_for(
+                connection, [m.recipient for _, m, _, _ in pending if m.recipient]
+            )
+            for event, message, route, payload in pending:
+                expires_at = as_utc(message.expires_at)
+                if expires_at is not None and expires_at <= now:
+                    messages.set_status(
+                        connection,
+                        message.message_id,
+                        messages.EXPIRED,
+                        now,
+                        last_error=f"expired at {expires_at.isoformat()}",
+                    )
+                    dead_letters.resolve_for_messages(
+                        connection,
+                        [message.message_id],
+                        status=dead_letters.EXPIRED,
+                        run_id=run_id,
+                        now=now,
+                    )
+                    outcome.expired += 1
+                    continue
+                reason = reasons.get(suppressions.normalize(message.recipient))
+                if reason and (reason in _HARD_SUPPRESSIONS or not route.bypass_unsubscribe):
+                    messages.set_status(
+                        connection,
+                        message.message_id,
+                        messages.SUPPRESSED,
+                        now,
+                        last_error=f"address suppressed: {reason}",
+                    )
+                    outcome.suppressed += 1
+                    continue
+                try:
+                    rendered = self.renderer.render(
+                        route.template, message.template_version, payload
+                    )
+                except TemplateRenderError as error:
+                    self._dead_letter(
+                        connection,
+                        message,
+                        error.reason,
+                        str(error),
+                        code=error.code,
+                        run_id=run_id,
+                        now=now,
+                    )
+                    outcome.dead += 1
+                    continue
+                work.append(
+                    _Work(
+                        message,
+                        OutgoingEmail(
+                            message_id=message.message_id,
+                            event_id=event.event_id,
+                            idempotency_key=message.idempotency_key,
+                            sender=self.sender_address,
+                            to=message.recipient,
+                            subject=rendered.subject,
+                            text=rendered.text,
+                            html=rendered.html,
+                            template=route.template,
+                            lane=self.lane.lane.value,
+                            headers={"X-Email-Event-Id": event.event_id},
+                        ),
+                    )
+                )
+        return work
+
+    def _look_up_recipients(self, claimed: Sequence[Row]) -> dict[str, str | None]:
+        """Resolve looked-up recipients before the write transaction opens.
+
+        The directory may live in the same SQLite file, whose write lock this process would
+        otherwise hold while asking it.
+        """
+        keys: set[str] = set()
+        for event in claimed:
+            try:
+                version, payload = self.routes.upcast(
+                    event.event_type, event.event_version, dict(event.payload)
+                )
+            except UnknownEventVersionError:
+                continue
+            for route in self.routes.for_event(event.event_type, version):
+                key = payload.get(route.recipient_lookup_field or "")
+                if route.recipient_lookup_field and key is not None:
+                    keys.add(str(key))
+        return {key: self.resolver.lookup(key) for key in sorted(keys)}
+
+    def _create_message(
+        self,
+        connection: Any,
+        event: Row,
+        route: Route,
+        payload: dict[str, Any],
+        now: datetime,
+        run_id: str,
+        lookups: dict[str, str | None],
+    ) -> Row:
+        base_key = event.idempotency_key or event.event_id
+        expires = [as_utc(event.expires_at)]
+        if route.ttl_s is not None:
+            expires.append(as_utc(event.published_at) + timedelta(seconds=route.ttl_s))
+        known = [e for e in expires if e is not None]
+        values: dict[str, Any] = {
+            "event_id": event.event_id,
+            "route": route.name,
+            "template": route.template,
+            "lane": event.lane,
+            "idempotency_key": f"{base_key}:{route.name}",
+            "dedupe_key": route.dedupe_key_for(payload),
+            "status": messages.PENDING,
+            "expires_at": min(known) if known else None,
+            "created_at": now,
+            "updated_at": now,
+            "provider": self.provider.name,
+        }
+        failure: PermanentError | None = None
+        try:
+            values["template_version"] = route.template_version or self.renderer.latest_version(
+                route.template
+            )
+        except TemplateRenderError as error:
+            values["template_version"] = route.template_version or 0
+            failure = error
+        try:
+            values["recipient"] = self._recipient(route, payload, lookups)
+            values["recipient_domain"] = values["recipient"].rsplit("@", 1)[-1].lower()
+        except RecipientNotFoundError as error:
+            failure = failure or error
+        message = messages.create(connection, values)
+        if failure is not None and message.status == messages.PENDING:
+            self._dead_letter(
+                connection,
+                message,
+                failure.reason,
+                str(failure),
+                code=failure.code,
+                run_id=run_id,
+                now=now,
+            )
+            message = messages.get(connection, message.message_id)
+        return message
+
+    def _recipient(
+        self, route: Route, payload: dict[str, Any], lookups: dict[str, str | None]
+    ) -> str:
+        if route.recipient_lookup_field:
+            key = payload.get(route.recipient_lookup_field)
+            address = lookups.get(str(key)) if key is not None else None
+            if not address:
+                raise RecipientNotFoundError(
+                    f"no recipient for {route.recipient_lookup_field}={key!r}",
+                    code="recipient_not_found",
+                )
+            return address
+        address = payload.get(route.recipient_field or "")
+        if not address:
+            raise RecipientNotFoundError(
+                f"payload has no {route.recipient_field!r}", code="recipient_missing"
+            )
+        return str(address)
+
+    # ---- sending -----------------------------------------------------------------------------
+
+    def _send_all(self, work: list[_Work], run_id: str, outcome: BatchOutcome) -> None:
+        if not work:
+            return
+        with ThreadPoolExecutor(
+            max_workers=max(1, self.lane.concurrency), thread_name_prefix="send"
+        ) as pool:
+            futures: dict[Future, tuple[_Work, datetime]] = {}
+            for item in work:
+                futures[pool.submit(self.provider.send, item.email)] = (item, utcnow())
+            remaining = set(futures)
+            while remaining:
+                done, remaining = wait(remaining, return_when=FIRST_COMPLETED)
+                # Record each finished send as soon as it is known.
+                with self.engine.begin() as connection:
+                    for future in done:
+                        item, started = futures[future]
+                        self._record(connection, item, future, started, run_id, outcome)
+
+    def _record(
+        self,
+        connection: Any,
+        item: _Work,
+        future: Future,
+        started: datetime,
+        run_id: str,
+        outcome: BatchOutcome,
+    ) -> None:
+        now = utcnow()
+        message = item.message
+        attempt_no = message.attempts + 1
+        try:
+            result: Accepted | DeliveryError = future.result()
+        except Exception as exc:  # the provider raised: classify, never let one message sink all
+            result = classify_exception(exc)
+        attempt = {
+            "message_id": message.message_id,
+            "event_id": message.event_id,
+            "run_id": run_id,
+            "attempt_no": attempt_no,
+            "started_at": started,
+            "finished_at": now,
+        }
+        if isinstance(result, Accepted):
+            attempts.add(
+                connection,
+                [
+                    {
+                        **attempt,
+                        "outcome": "accepted",
+                        "http_status": result.status_code,
+                        "provider_message_id": result.provider_message_id,
+                    }
+                ],
+            )
+            messages.record_attempt(
+                connection,
+                message.message_id,
+                now,
+                accepted=True,
+                provider=self.provider.name,
+                provider_message_id=result.provider_message_id,
+                error=None,
+            )
+            dead_letters.resolve_for_messages(
+                connection,
+                [message.message_id],
+                status=dead_letters.REPLAYED,
+                run_id=run_id,
+                now=now,
+            )
+            outcome.sent += 1
+            return
+        transient = is_transient(result)
+        attempts.add(
+            connection,
+            [
+                {
+                    **attempt,
+                    "outcome": "transient" if transient else "permanent",
+                    "http_status": result.status_code,
+                    "error": str(result),
+                    "retry_after_s": result.retry_after_s
+                    if isinstance(result, TransientError)
+                    else None,
+                }
+            ],
+        )
+        messages.record_attempt(
+            connection,
+            message.message_id,
+            now,
+            accepted=False,
+            provider=self.provider.name,
+            provider_message_id=None,
+            error=str(result),
+        )
+        if transient:
+            outcome.transient.append(message.message_id)
+            if isinstance(result, TransientError) and result.retry_after_s is not None:
+                outcome.retry_after_s = max(outcome.retry_after_s or 0.0, result.retry_after_s)
+            self.log.warning(
+                f"event_id={message.event_id} message={message.message_id} "
+                f"transient failure, will retry: {result}"
+            )
+            return
+        refreshed = messages.get(connection, message.message_id)
+        self._dead_letter(
+            connection,
+            refreshed,
+            result.reason,
+            str(result),
+            code=result.code,
+            run_id=run_id,
+            now=now,
+        )
+        outcome.dead += 1
+
+    # ---- terminal bookkeeping ----------------------------------------------------------------
+
+    def _dead_letter(
+        self,
+        connection: Any,
+        message: Row,
+        reason: str,
+        error: str,
+        *,
+        code: str | None,
+        run_id: str,
+        now: datetime,
+    ) -> None:
+        messages.set_status(connection, message.message_id, messages.DEAD, now, last_error=error)
+        dead_letters.add(
+            connection,
+            {
+                "event_id": message.event_id,
+                "message_id": message.message_id,
+                "lane": message.lane,
+                "reason": reason,
+                "error_code": code,
+                "last_error": error,
+                "attempts": message.attempts,
+                "run_id": run_id,
+                "created_at": now,
+            },
+        )
+        self.log.error(
+            f"event_id={message.event_id} message={message.message_id} "
+            f"dead-lettered ({reason}): {error}"
+        )
+
+    def _dead_letter_event(
+        self, connection: Any, event: Row, error: DeliveryError, run_id: str, now: datetime
+    ) -> None:
+        dead_letters.add(
+            connection,
+            {
+                "event_id": event.event_id,
+                "message_id": None,
+                "lane": event.lane,
+                "reason": error.reason,
+                "error_code": error.code,
+                "last_error": str(error),
+                "attempts": 0,
+                "run_id": run_id,
+                "created_at": now,
+            },
+        )
+        outbox.finish(
+            connection, [event.event_id], status=outbox.DEAD, resolution=error.reason, now=now
+        )
+        self.log.error(f"event_id={event.event_id} dead-lettered ({error.reason}): {error}")
+
+    def _crash_loop(
+        self,
+        connection: Any,
+        event: Row,
+        existing: dict[tuple[str, str], Row],
+        run_id: str,
+        now: datetime,
+    ) -> None:
+        pending = [
+            m
+            for (eid, _), m in existing.items()
+            if eid == event.event_id and m.status == messages.PENDING
+        ]
+        error = f"claimed {event.claim_count} times without finishing (runs kept dying)"
+        for message in pending:
+            self._dead_letter(
+                connection,
+                message,
+                "claim_limit",
+                error,
+                code="claim_limit",
+                run_id=run_id,
+                now=now,
+            )
+        if not pending:
+            self._dead_letter_event(
+                connection, event, PermanentError(error, code="claim_limit"), run_id, now
+            )
+        else:
+            outbox.finish(
+                connection, [event.event_id], status=outbox.DEAD, resolution="claim_limit", now=now
+            )
+
+    def _finish_events(self, claimed: Sequence[Row], run_id: str, outcome: BatchOutcome) -> None:
+        with self.engine.begin() as connection:
+            still_in_flight = self._settle(
+                connection, [e.event_id for e in claimed], run_id, utcnow()
+            )
+            if still_in_flight:
+                # Hold the claim across the retry wait, so no other run takes these events.
+                wait_s = self.lane.max_retry_delay_s + self.lane.lease_s
+                outbox.extend_lease(
+                    connection, still_in_flight, run_id, utcnow() + timedelta(seconds=wait_s)
+                )
+
+    def _settle(
+        self, connection: Any, event_ids: Sequence[str], run_id: str, now: datetime
+    ) -> list[str]:
+        """Close every event whose messages are all terminal; return those still in flight."""
+        by_event: dict[str, list[str]] = {eid: [] for eid in event_ids}
+        for message in messages.for_events(connection, list(event_ids)):
+            by_event[message.event_id].append(message.status)
+        in_flight: list[str] = []
+        done: dict[str, list[str]] = {}
+        dead: list[str] = []
+        for event_id, statuses in by_event.items():
+            if not statuses:
+                continue  # ignored or dead-lettered as an event: already finished
+            if any(s not in messages.TERMINAL for s in statuses):
+                in_flight.append(event_id)
+            elif messages.DEAD in statuses:
+                dead.append(event_id)
+            else:
+                resolution = messages.SENT if messages.SENT in statuses else statuses[0]
+                done.setdefault(resolution, []).append(event_id)
+        for resolution, ids in done.items():
+            outbox.finish(connection, ids, status=outbox.DONE, resolution=resolution, now=now)
+        if dead:
+            outbox.finish(connection, dead, status=outbox.DEAD, resolution="dead_letter", now=now)
+        return in_flight

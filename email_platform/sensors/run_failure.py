@@ -1,0 +1,48 @@
+"""Safety net: whatever a failed send run still holds is given back to the outbox."""
+
+from dagster import DefaultSensorStatus, RunFailureSensorContext, run_failure_sensor
+from sqlalchemy import update
+
+from email_platform.db.schema import email_outbox
+from email_platform.jobs import send_email_job
+from email_platform.resources import AppDatabase
+from email_platform.store import outbox
+
+# Past this many requests an event that keeps failing to start waits out the lane's request
+# timeout instead of being requested again at once: no tight loop of doomed runs.
+MAX_FAST_REREQUESTS = 5
+
+
+@run_failure_sensor(
+    name="send_run_failure_sensor",
+    monitored_jobs=[send_email_job],
+    default_status=DefaultSensorStatus.RUNNING,
+    description=(
+        "When a send run fails outside its own error handling (worker killed, out of memory, "
+        "step crashed), releases the events it still held so the lane sensor sends them again "
+        "under the same idempotency keys. Dead letters the run recorded stay as they are."
+    ),
+)
+def send_run_failure_sensor(context: RunFailureSensorContext, app_database: AppDatabase) -> None:
+    run = context.dagster_run
+    released: list[str] = []
+    with app_database.get_engine().begin() as connection:
+        released = outbox.release_run(connection, run.run_id)
+        config = (run.run_config or {}).get("ops", {}).get("send_email_batch", {}).get("config", {})
+        event_ids = list(config.get("event_ids", []))
+        if event_ids:
+            # Events the run never claimed (it died before the claim) can be requested again now.
+            connection.execute(
+                update(email_outbox)
+                .where(
+                    email_outbox.c.event_id.in_(event_ids),
+                    email_outbox.c.status == outbox.PENDING,
+                    email_outbox.c.request_count < MAX_FAST_REREQUESTS,
+                )
+                .values(requested_at=None)
+            )
+    if released:
+        context.log.warning(
+            f"run {run.run_id} failed holding {len(released)} event(s); released them: "
+            f"first_event_id={released[0]} last_event_id={released[-1]}"
+        )

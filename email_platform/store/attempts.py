@@ -1,0 +1,28 @@
+"""Reads and writes of ``email_attempts``: one row per provider call, kept forever for trace."""
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Row, func, insert, select
+
+from email_platform.db.schema import email_attempts as attempts
+
+
+def add(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
+    if rows:
+        connection.execute(insert(attempts), list(rows))
+
+
+def for_event(connection: Connection, event_id: str) -> list[Row]:
+    return list(
+        connection.execute(
+            select(attempts).where(attempts.c.event_id == event_id).order_by(attempts.c.attempt_id)
+        ).all()
+    )
+
+
+def count_by_outcome(connection: Connection) -> dict[str, int]:
+    rows = connection.execute(
+        select(attempts.c.outcome, func.count()).group_by(attempts.c.outcome)
+    ).all()
+    return {outcome: n for outcome, n in rows}

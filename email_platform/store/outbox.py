@@ -1,0 +1,202 @@
+"""Reads and writes of ``email_outbox``: publish, the sensor's view, the claim, the release."""
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Row, and_, case, func, insert, or_, select, update
+
+from email_platform.db.schema import email_outbox as outbox
+
+PENDING, IN_FLIGHT, DONE, DEAD = "pending", "in_flight", "done", "dead"
+EVENT_STATUSES = (PENDING, IN_FLIGHT, DONE, DEAD)
+
+
+def insert_event(connection: Connection, values: dict[str, Any]) -> None:
+    connection.execute(insert(outbox).values(**values))
+
+
+def get_event(connection: Connection, event_id: str) -> Row | None:
+    return connection.execute(select(outbox).where(outbox.c.event_id == event_id)).first()
+
+
+def _requestable(lane: str, now: datetime, request_timeout_s: int) -> Any:
+    stale_request = now - timedelta(seconds=request_timeout_s)
+    return and_(
+        outbox.c.lane == lane,
+        or_(
+            # Pending and due, and not requested recently (a requested batch waits for its run).
+            and_(
+                outbox.c.status == PENDING,
+                outbox.c.available_at <= now,
+                or_(outbox.c.requested_at.is_(None), outbox.c.requested_at < stale_request),
+            ),
+            # Held by a run that died without telling anyone: its lease ran out.
+            and_(outbox.c.status == IN_FLIGHT, outbox.c.lease_expires_at < now),
+        ),
+    )
+
+
+def find_requestable(
+    connection: Connection, lane: str, now: datetime, request_timeout_s: int, limit: int
+) -> Sequence[Row]:
+    """Events the lane's sensor should put into run requests, oldest first."""
+    query = (
+        select(outbox.c.event_id, outbox.c.event_type, outbox.c.request_count)
+        .where(_requestable(lane, now, request_timeout_s))
+        .order_by(outbox.c.available_at, outbox.c.event_id)
+        .limit(limit)
+    )
+    return connection.execute(query).all()
+
+
+def mark_requested(connection: Connection, event_ids: Sequence[str], now: datetime) -> None:
+    for chunk in _chunks(event_ids, 500):
+        connection.execute(
+            update(outbox)
+            .where(outbox.c.event_id.in_(chunk))
+            .values(requested_at=now, request_count=outbox.c.request_count + 1)
+        )
+
+
+def claim(
+    connection: Connection,
+    event_ids: Sequence[str],
+    *,
+    run_id: str,
+    previous_owners: Sequence[str] = (),
+    lease_s: int,
+    now: datetime,
+    include_dead: bool = False,
+) -> list[Row]:
+    """Atomically take the events of ``event_ids`` that no live run holds.
+
+    Pending and due rows are taken, and so are rows whose lease expired, rows this run (or the
+    run it re-executes) already holds, and with ``include_dead`` (a replay) dead rows. Any other
+    row is left alone: that is the gate that keeps an event in one run at a time.
+    """
+    owners = [run_id, *previous_owners]
+    conditions = [
+        and_(outbox.c.status == PENDING, outbox.c.available_at <= now),
+        and_(
+            outbox.c.status == IN_FLIGHT,
+            or_(outbox.c.claimed_by.in_(owners), outbox.c.lease_expires_at < now),
+        ),
+    ]
+    if include_dead:
+        conditions.append(outbox.c.status == DEAD)
+    claimed: list[Row] = []
+    for chunk in _chunks(event_ids, 500):
+        claimable = and_(outbox.c.event_id.in_(chunk), or_(*conditions))
+        if connection.dialect.name == "postgresql":
+            # SKIP LOCKED: a row another transaction is claiming right now is simply not ours.
+            locked = select(outbox.c.event_id).where(claimable).with_for_update(skip_locked=True)
+            target = outbox.c.event_id.in_(locked.scalar_subquery())
+        else:
+            # SQLite serializes writers (BEGIN IMMEDIATE), so the WHERE is re-checked atomically.
+            target = claimable
+        statement = (
+            update(outbox)
+            .where(target)
+            .values(
+                status=IN_FLIGHT,
+                claimed_by=run_id,
+                lease_expires_at=now + timedelta(seconds=lease_s),
+                claim_count=outbox.c.claim_count
+                + case((outbox.c.claimed_by == run_id, 0), else_=1),
+            )
+            .returning(*outbox.c)
+        )
+        claimed.extend(connection.execute(statement).all())
+    return sorted(claimed, key=lambda row: row.event_id)
+
+
+def extend_lease(
+    connection: Connection, event_ids: Sequence[str], run_id: str, until: datetime
+) -> None:
+    for chunk in _chunks(event_ids, 500):
+        connection.execute(
+            update(outbox)
+            .where(
+                outbox.c.event_id.in_(chunk),
+                outbox.c.claimed_by == run_id,
+                outbox.c.status == IN_FLIGHT,
+            )
+            .values(lease_expires_at=until)
+        )
+
+
+def finish(
+    connection: Connection,
+    event_ids: Sequence[str],
+    *,
+    status: str,
+    resolution: str | None,
+    now: datetime,
+) -> None:
+    """Mark events ``done`` or ``dead`` and drop their claim."""
+    for chunk in _chunks(event_ids, 500):
+        connection.execute(
+            update(outbox)
+            .where(outbox.c.event_id.in_(chunk))
+            .values(status=status, resolution=resolution, done_at=now, lease_expires_at=None)
+        )
+
+
+def release_run(connection: Connection, run_id: str) -> list[str]:
+    """Give back what a failed run still holds, so the next sensor tick requests it again."""
+    rows = connection.execute(
+        update(outbox)
+        .where(outbox.c.claimed_by == run_id, outbox.c.status == IN_FLIGHT)
+        .values(status=PENDING, lease_expires_at=None, requested_at=None)
+        .returning(outbox.c.event_id)
+    ).all()
+    return [row.event_id for row in rows]
+
+
+def requeue(connection: Connection, event_ids: Sequence[str]) -> int:
+    """Dead events back to pending for a replay; the lane sensor picks them up."""
+    total = 0
+    for chunk in _chunks(event_ids, 500):
+        total += connection.execute(
+            update(outbox)
+            .where(outbox.c.event_id.in_(chunk), outbox.c.status == DEAD)
+            .values(
+                status=PENDING,
+                resolution=None,
+                done_at=None,
+                claimed_by=None,
+                lease_expires_at=None,
+                requested_at=None,
+                claim_count=0,
+            )
+        ).rowcount
+    return total
+
+
+def counts_by_status(connection: Connection) -> dict[str, int]:
+    rows = connection.execute(select(outbox.c.status, func.count()).group_by(outbox.c.status)).all()
+    counts = dict.fromkeys(EVENT_STATUSES, 0)
+    counts.update({status: n for status, n in rows})
+    return counts
+
+
+def lane_backlog(connection: Connection) -> dict[str, tuple[int, datetime | None]]:
+    """Per lane: events not yet done (pending or in flight) and the oldest one's publish time."""
+    rows = connection.execute(
+        select(outbox.c.lane, func.count(), func.min(outbox.c.published_at))
+        .where(outbox.c.status.in_([PENDING, IN_FLIGHT]))
+        .group_by(outbox.c.lane)
+    ).all()
+    return {lane: (n, oldest) for lane, n, oldest in rows}
+
+
+def _chunks(items: Iterable[str], size: int) -> Iterable[list[str]]:
+    batch: list[str] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
