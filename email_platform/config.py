@@ -34,6 +34,10 @@ def warehouse_path(env: Mapping[str, str] | None = None) -> str:
     return _env(env).get(PREFIX + "WAREHOUSE") or str(home_dir(env) / "warehouse.duckdb")
 
 
+def dagster_home_is_set(env: Mapping[str, str] | None = None) -> bool:
+    return bool(_env(env).get("DAGSTER_HOME"))
+
+
 def dagster_home(env: Mapping[str, str] | None = None) -> Path:
     value = _env(env).get("DAGSTER_HOME")
     return Path(value) if value else home_dir(env) / "dagster"

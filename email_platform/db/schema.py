@@ -117,7 +117,7 @@ dead_letters = Table(
     Column("last_error", Text),
     Column("attempts", Integer, nullable=False, server_default="0"),
     Column("run_id", String(64)),
-    # open -> replayed | discarded | expired
+    # open -> replayed | discarded | expired | suppressed
     Column("status", String(20), nullable=False, server_default="open"),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("resolved_at", DateTime(timezone=True)),

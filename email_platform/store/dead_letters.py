@@ -8,7 +8,13 @@ from sqlalchemy import Connection, Row, func, insert, select, update
 
 from email_platform.db.schema import dead_letters
 
-OPEN, REPLAYED, DISCARDED, EXPIRED = "open", "replayed", "discarded", "expired"
+OPEN, REPLAYED, DISCARDED, EXPIRED, SUPPRESSED = (
+    "open",
+    "replayed",
+    "discarded",
+    "expired",
+    "suppressed",
+)
 
 
 def add(connection: Connection, values: dict[str, Any]) -> None:

@@ -1,0 +1,321 @@
+"""``email-platform``: the operator's command line."""
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from email_platform import config
+from email_platform.db.engine import make_engine, upgrade
+
+
+def _engine(url: str | None):  # type: ignore[no-untyped-def]
+    return make_engine(url or config.database_url())
+
+
+def _print_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+@click.group()
+@click.version_option(package_name="email_platform")
+def main() -> None:
+    """Event-driven transactional email on Dagster."""
+
+
+@main.group()
+def db() -> None:
+    """Application database schema."""
+
+
+@db.command("upgrade")
+@click.option("--url", help="SQLAlchemy URL (default: EMAIL_PLATFORM_DATABASE_URL or SQLite).")
+@click.option("--revision", default="head", show_default=True)
+def db_upgrade(url: str | None, revision: str) -> None:
+    """Apply migrations up to REVISION."""
+    from email_platform.db.engine import current_revision
+
+    engine = _engine(url)
+    upgrade(engine, revision)
+    click.echo(f"database at revision {current_revision(engine)} ({engine.url.render_as_string()})")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--url", help="SQLAlchemy URL of the application database.")
+def status(as_json: bool, url: str | None) -> None:
+    """Queue depth and oldest age per lane, message outcomes, open dead letters."""
+    from email_platform.operations import status as read_status
+
+    report = read_status(_engine(url))
+    if as_json:
+        _print_json(report)
+        return
+    events, msgs = report["events"], report["messages"]
+    click.echo("events   " + "  ".join(f"{k}={v}" for k, v in events.items()))
+    click.echo("messages " + "  ".join(f"{k}={v}" for k, v in msgs.items()))
+    for lane, info in report["lanes"].items():
+        age = info["oldest_age_s"]
+        click.echo(
+            f"lane {lane:<13} depth={info['depth']:<6} oldest_age_s="
+            f"{'-' if age is None else f'{age:.1f}'}"
+        )
+    dl = report["dead_letters"]
+    click.echo(
+        f"dead letters open={dl['open']} "
+        + " ".join(f"{k}={v}" for k, v in sorted(dl["by_reason"].items()))
+    )
+
+
+@main.command()
+@click.argument("event_id")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--url", help="SQLAlchemy URL of the application database.")
+def trace(event_id: str, as_json: bool, url: str | None) -> None:
+    """The whole chain of one event: outbox row, messages, attempts, dead letters."""
+    from email_platform.operations import trace as read_trace
+
+    chain = read_trace(_engine(url), event_id)
+    if chain is None:
+        raise click.ClickException(f"no event {event_id} in the outbox")
+    if as_json:
+        _print_json(chain)
+        return
+    event = chain["event"]
+    click.echo(
+        f"event {event['event_id']} {event['event_type']} v{event['event_version']} "
+        f"lane={event['lane']} status={event['status']} ({event['resolution']})"
+    )
+    click.echo(f"  published {event['published_at']}  claimed_by run {event['claimed_by']}")
+    for message in chain["messages"]:
+        click.echo(
+            f"  message {message['message_id']} {message['route']} -> "
+            f"{message['status']} key={message['idempotency_key']} "
+            f"provider_id={message['provider_message_id']}"
+        )
+        for attempt in message["attempts"]:
+            click.echo(
+                f"    attempt {attempt['attempt_no']} run {attempt['run_id']} "
+                f"{attempt['outcome']} http={attempt['http_status']} "
+                f"{attempt['provider_message_id'] or attempt['error'] or ''}"
+            )
+    for letter in chain["dead_letters"]:
+        click.echo(
+            f"  dead letter {letter['dead_letter_id']} {letter['reason']} "
+            f"{letter['status']}: {letter['last_error']}"
+        )
+
+
+@main.group()
+def dlq() -> None:
+    """Dead letters: list, replay, discard."""
+
+
+def _selection(
+    ids: tuple[int, ...],
+    reason: str | None,
+    lane: str | None,
+    event: str | None,
+    everything: bool,
+    url: str | None,
+):  # type: ignore[no-untyped-def]
+    from email_platform.operations import select_dead_letters
+
+    engine = _engine(url)
+    with engine.connect() as connection:
+        try:
+            letters = select_dead_letters(
+                connection, ids=ids, reason=reason, lane=lane, event_id=event, everything=everything
+            )
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+    return engine, letters
+
+
+_selectors = [
+    click.argument("ids", nargs=-1, type=int),
+    click.option("--reason", help="Only dead letters with this reason."),
+    click.option("--lane", help="Only this lane."),
+    click.option("--event", help="Only this event id."),
+    click.option("--all", "everything", is_flag=True, help="Every open dead letter."),
+    click.option("--url", help="SQLAlchemy URL of the application database."),
+]
+
+
+def _with_selectors(function):  # type: ignore[no-untyped-def]
+    for decorator in reversed(_selectors):
+        function = decorator(function)
+    return function
+
+
+@dlq.command("list")
+@click.option(
+    "--status",
+    "status_",
+    default="open",
+    show_default=True,
+    help="open, replayed, discarded, expired, suppressed or 'any'.",
+)
+@click.option("--reason")
+@click.option("--limit", type=int, default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--url")
+def dlq_list(status_: str, reason: str | None, limit: int, as_json: bool, url: str | None) -> None:
+    """List dead letters, oldest first."""
+    from email_platform.operations import _row
+    from email_platform.store import dead_letters
+
+    with _engine(url).connect() as connection:
+        rows = dead_letters.list_letters(
+            connection, status=None if status_ == "any" else status_, reason=reason, limit=limit
+        )
+    if as_json:
+        _print_json([_row(r) for r in rows])
+        return
+    if not rows:
+        click.echo("no dead letters")
+    for r in rows:
+        click.echo(
+            f"{r.dead_letter_id:>6}  {r.status:<9} {r.lane:<13} {r.reason:<20} "
+            f"event={r.event_id} message={r.message_id} attempts={r.attempts} "
+            f"run={r.run_id}\n        {r.last_error}"
+        )
+
+
+@dlq.command("replay")
+@_with_selectors
+@click.option(
+    "--inline",
+    is_flag=True,
+    help="Send now in this process (recorded in the Dagster instance) instead of "
+    "leaving it to the lane sensors of a running daemon.",
+)
+def dlq_replay(
+    ids: tuple[int, ...],
+    reason: str | None,
+    lane: str | None,
+    event: str | None,
+    everything: bool,
+    url: str | None,
+    inline: bool,
+) -> None:
+    """Send dead letters again with their original idempotency keys.
+
+    Nothing already accepted by the provider is sent twice; anything past its expiry becomes
+    'expired'. The dead letter is marked replayed when its message is sent.
+    """
+    from email_platform.operations import requeue_dead_letters
+
+    engine, letters = _selection(ids, reason, lane, event, everything, url)
+    if not letters:
+        click.echo("no open dead letters matched")
+        return
+    event_ids = requeue_dead_letters(engine, letters)
+    click.echo(f"requeued {len(event_ids)} event(s) for {len(letters)} dead letter(s)")
+    if inline:
+        from email_platform.replay import send_inline
+
+        results = send_inline(event_ids, database_url=url)
+        for run_id, success in results:
+            click.echo(f"  run {run_id}: {'success' if success else 'failed'}")
+        if not all(success for _, success in results):
+            sys.exit(1)
+    else:
+        click.echo("the lane sensors will send them on their next tick (daemon must be running)")
+
+
+@dlq.command("discard")
+@_with_selectors
+def dlq_discard(
+    ids: tuple[int, ...],
+    reason: str | None,
+    lane: str | None,
+    event: str | None,
+    everything: bool,
+    url: str | None,
+) -> None:
+    """Close dead letters without sending (the message stays dead)."""
+    from email_platform.operations import discard_dead_letters
+
+    engine, letters = _selection(ids, reason, lane, event, everything, url)
+    count = discard_dead_letters(engine, [d.dead_letter_id for d in letters])
+    click.echo(f"discarded {count} dead letter(s)")
+
+
+@main.group()
+def sandbox() -> None:
+    """The local sandbox provider."""
+
+
+@sandbox.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8025, show_default=True, type=int)
+@click.option("--api-key", envvar="EMAIL_PLATFORM_SANDBOX_API_KEY")
+@click.option("--rate-429", type=float, default=0.0, show_default=True)
+@click.option("--rate-5xx", type=float, default=0.0, show_default=True)
+@click.option("--rate-timeout", type=float, default=0.0, show_default=True)
+@click.option("--rate-4xx", type=float, default=0.0, show_default=True)
+@click.option("--latency-ms", type=float, default=0.0, show_default=True)
+@click.option("--seed", type=int)
+def sandbox_serve(
+    host: str,
+    port: int,
+    api_key: str | None,
+    rate_429: float,
+    rate_5xx: float,
+    rate_timeout: float,
+    rate_4xx: float,
+    latency_ms: float,
+    seed: int | None,
+) -> None:
+    """Run the sandbox provider (POST /v1/send, GET /_sandbox/messages, /_sandbox/stats)."""
+    from email_platform.providers.sandbox_server import SandboxConfig, serve
+
+    serve(
+        SandboxConfig(
+            api_key=api_key,
+            rate_429=rate_429,
+            rate_5xx=rate_5xx,
+            rate_timeout=rate_timeout,
+            rate_4xx=rate_4xx,
+            latency_ms=latency_ms,
+            seed=seed,
+        ),
+        host,
+        port,
+    )
+
+
+@main.command()
+@click.option("--signups", default=200, show_default=True)
+@click.option("--resets", default=60, show_default=True)
+@click.option("--receipts", default=100, show_default=True)
+@click.option("--digests", default=60, show_default=True)
+@click.option("--timeout-s", default=300, show_default=True)
+@click.option(
+    "--home",
+    type=click.Path(path_type=Path),
+    help="Where the demo keeps its files (default ./.email_platform).",
+)
+def demo(
+    signups: int, resets: int, receipts: int, digests: int, timeout_s: int, home: Path | None
+) -> None:
+    """Run the whole flow on the embedded default and print what happened."""
+    from email_platform.demo import run_demo
+
+    sys.exit(
+        run_demo(
+            signups=signups,
+            resets=resets,
+            receipts=receipts,
+            digests=digests,
+            timeout_s=timeout_s,
+            home=home,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

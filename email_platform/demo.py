@@ -1,0 +1,319 @@
+"""``email-platform demo``: the whole flow on the embedded default, end to end, for real.
+
+SQLite application database, local Dagster storage and the sandbox provider (with faults) on a
+free loopback port; a real ``dagster-daemon`` ticks the lane sensors and launches the runs.
+"""
+
+import os
+import random
+import statistics
+import time
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+
+import click
+from sqlalchemy import Column, Engine, MetaData, String, Table, func, insert, select
+
+from email_platform import config, publish
+from email_platform.db.engine import make_engine, upgrade
+from email_platform.db.schema import dead_letters, email_attempts, email_messages, email_outbox
+from email_platform.local_dagster import DaemonProcess
+from email_platform.providers.sandbox_server import SandboxConfig, SandboxServer
+from email_platform.store import suppressions
+from email_platform.timeutil import as_utc, utcnow
+
+# The product's own business table: publish() writes next to it, in the same transaction.
+_product = MetaData()
+users = Table(
+    "users",
+    _product,
+    Column("id", String(64), primary_key=True),
+    Column("email", String(320), nullable=False),
+)
+
+
+def _address(rng: random.Random, user_id: str) -> str:
+    roll = rng.random()
+    if roll < 0.02:
+        return f"{user_id}+reject@example.com"  # the provider refuses it: a dead letter
+    if roll < 0.06:
+        return f"{user_id}+429x1@example.com"  # rate-limited once, then accepted
+    if roll < 0.08:
+        return f"{user_id}+503x1@example.net"  # a 5xx once, then accepted
+    return f"{user_id}@{rng.choice(['example.com', 'example.org', 'example.net'])}"
+
+
+def publish_demo_events(
+    engine: Engine, tag: str, signups: int, resets: int, receipts: int, digests: int, seed: int = 7
+) -> list[str]:
+    rng = random.Random(seed)
+    event_ids: list[str] = []
+    now = utcnow()
+    with engine.begin() as connection:
+        _product.create_all(connection)
+    for i in range(signups):
+        user_id = f"{tag}-u{i}"
+        email = _address(rng, user_id)
+        with engine.begin() as connection:  # one product transaction per signup
+            connection.execute(insert(users).values(id=user_id, email=email))
+            if i % 10 == 0:  # an older producer still emits v1
+                event_ids.append(
+                    publish(
+                        connection,
+                        event_type="user.signed_up",
+                        event_version=1,
+                        aggregate_id=user_id,
+                        payload={"user_id": user_id, "email": email, "name": f"User {i}"},
+                        metadata={"producer": "accounts-service"},
+                    )
+                )
+            else:
+                event_ids.append(
+                    publish(
+                        connection,
+                        event_type="user.signed_up",
+                        aggregate_id=user_id,
+                        payload={"user_id": user_id, "email": email, "first_name": f"User{i}"},
+                        metadata={"producer": "accounts-service"},
+                    )
+                )
+    with engine.begin() as connection:
+        # A retried signup handler: same user, second event -> one welcome mail, one duplicate.
+        for i in range(min(5, signups)):
+            user_id = f"{tag}-u{i}"
+            email = connection.execute(
+                select(users.c.email).where(users.c.id == user_id)
+            ).scalar_one()
+            event_ids.append(
+                publish(
+                    connection,
+                    event_type="user.signed_up",
+                    aggregate_id=user_id,
+                    payload={"user_id": user_id, "email": email, "first_name": "Again"},
+                )
+            )
+        # Addresses that bounced before: mail to them is suppressed, not sent.
+        for i in range(signups, signups + 5):
+            user_id = f"{tag}-u{i}"
+            suppressions.add(
+                connection, f"{user_id}@example.com", reason="hard_bounce", source="demo", now=now
+            )
+            connection.execute(insert(users).values(id=user_id, email=f"{user_id}@example.com"))
+            event_ids.append(
+                publish(
+                    connection,
+                    event_type="order.paid",
+                    aggregate_id=f"{tag}-o-s{i}",
+                    payload={
+                        "order_id": f"S-{i}",
+                        "email": f"{user_id}@example.com",
+                        "first_name": "Bounced",
+                        "items": [],
+                        "total": 0,
+                        "currency": "EUR",
+                    },
+                )
+            )
+    for i in range(resets):
+        user_id = f"{tag}-u{rng.randrange(max(1, signups))}"
+        with engine.begin() as connection:
+            event_ids.append(
+                publish(
+                    connection,
+                    event_type="user.password_reset_requested",
+                    aggregate_id=user_id,
+                    payload={"user_id": user_id, "reset_token": f"tok{i:04d}"},
+                )
+            )
+    for i in range(receipts):
+        user_id = f"{tag}-u{rng.randrange(max(1, signups))}"
+        items = [
+            {
+                "name": rng.choice(["Mug", "Shirt", "Book"]),
+                "quantity": rng.randint(1, 3),
+                "unit_price": rng.choice([9.5, 19.0, 24.9]),
+            }
+            for _ in range(rng.randint(1, 3))
+        ]
+        with engine.begin() as connection:
+            email = connection.execute(
+                select(users.c.email).where(users.c.id == user_id)
+            ).scalar_one()
+            event_ids.append(
+                publish(
+                    connection,
+                    event_type="order.paid",
+                    aggregate_id=f"{tag}-o{i}",
+                    payload={
+                        "order_id": f"O-{i:05d}",
+                        "email": email,
+                        "first_name": "Jane",
+                        "items": items,
+                        "total": sum(x["quantity"] * x["unit_price"] for x in items),
+                        "currency": "EUR",
+                    },
+                )
+            )
+    with engine.begin() as connection:
+        for i in range(digests):
+            user_id = f"{tag}-u{i % max(1, signups)}"
+            # A few digests are only worth sending within seconds: they expire in the queue.
+            expires = now + timedelta(seconds=2) if i < 3 else None
+            event_ids.append(
+                publish(
+                    connection,
+                    event_type="digest.ready",
+                    aggregate_id=user_id,
+                    payload={
+                        "email": f"{user_id}@example.com",
+                        "first_name": "Jane",
+                        "highlights": ["3 new followers", "1 comment"],
+                    },
+                    expires_at=expires,
+                )
+            )
+        event_ids.append(
+            publish(
+                connection, event_type="cart.viewed", aggregate_id="c1", payload={"cart_id": "c1"}
+            )
+        )
+    return event_ids
+
+
+def _event_counts(engine: Engine, event_ids: list[str]) -> Counter:
+    counts: Counter = Counter()
+    with engine.connect() as connection:
+        for start in range(0, len(event_ids), 500):
+            rows = connection.execute(
+                select(email_outbox.c.status, func.count())
+                .where(email_outbox.c.event_id.in_(event_ids[start : start + 500]))
+                .group_by(email_outbox.c.status)
+            ).all()
+            counts.update(dict(rows))
+    return counts
+
+
+def summarize(engine: Engine, event_ids: list[str]) -> dict:
+    ids = set(event_ids)
+    with engine.connect() as connection:
+        msgs = [m for m in connection.execute(select(email_messages)).all() if m.event_id in ids]
+        events = {
+            e.event_id: e
+            for e in connection.execute(select(email_outbox)).all()
+            if e.event_id in ids
+        }
+        tries = [a for a in connection.execute(select(email_attempts)).all() if a.event_id in ids]
+        letters = [d for d in connection.execute(select(dead_letters)).all() if d.event_id in ids]
+    status = Counter(m.status for m in msgs)
+    retried = {a.message_id for a in tries if a.outcome == "transient"}
+    latency: dict[str, list[float]] = {}
+    for m in msgs:
+        if m.status == "sent" and m.sent_at:
+            published = as_utc(events[m.event_id].published_at)
+            latency.setdefault(m.lane, []).append((as_utc(m.sent_at) - published).total_seconds())
+    return {
+        "events": len(ids),
+        "messages": len(msgs),
+        "status": status,
+        "ignored": sum(1 for e in events.values() if e.resolution == "ignored"),
+        "retried": len(retried),
+        "transient_attempts": sum(a.outcome == "transient" for a in tries),
+        "dead_letters": Counter(d.reason for d in letters),
+        "latency": {lane: _percentiles(values) for lane, values in sorted(latency.items())},
+        "not_done": sum(1 for e in events.values() if e.status not in ("done", "dead")),
+    }
+
+
+def _percentiles(values: list[float]) -> tuple[float, float]:
+    ordered = sorted(values)
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    return statistics.median(ordered), p95
+
+
+def run_demo(
+    *, signups: int, resets: int, receipts: int, digests: int, timeout_s: int, home: Path | None
+) -> int:
+    if home is not None:
+        os.environ[config.PREFIX + "HOME"] = str(home)
+    home = config.home_dir()
+    dagster_home = config.dagster_home()
+    database_url = config.database_url()
+    engine = make_engine(database_url)
+    click.echo(f"email-platform demo: database {database_url}")
+    upgrade(engine)
+    tag = utcnow().strftime("d%H%M%S")
+    sandbox_config = SandboxConfig(rate_429=0.02, rate_5xx=0.02, retry_after_s=1, seed=11)
+    with SandboxServer(sandbox_config) as sandbox_url:
+        click.echo(f"sandbox provider on {sandbox_url} (random 429/5xx faults, some rejects)")
+        env = {
+            config.PREFIX + "HOME": str(home),
+            config.PREFIX + "DATABASE_URL": database_url,
+            config.PREFIX + "PROVIDER": "sandbox",
+            config.PREFIX + "SANDBOX_BASE_URL": sandbox_url,
+            # Short waits so retries show within the demo.
+            config.PREFIX + "LANES": '{"critical": {"retry_delay_s": 0.5}, '
+            '"transactional": {"retry_delay_s": 1.0}, "bulk": {"retry_delay_s": 1.0}}',
+        }
+        with DaemonProcess(dagster_home, env) as daemon:
+            click.echo(f"dagster-daemon started (DAGSTER_HOME={dagster_home}); publishing ...")
+            event_ids = publish_demo_events(engine, tag, signups, resets, receipts, digests)
+            click.echo(f"published {len(event_ids)} events through publish(); draining ...")
+            started = time.monotonic()
+            counts = _event_counts(engine, event_ids)
+            while time.monotonic() - started < timeout_s:
+                counts = _event_counts(engine, event_ids)
+                finished = counts["done"] + counts["dead"]
+                click.echo(
+                    f"  {time.monotonic() - started:5.0f}s  pending={counts['pending']} "
+                    f"in_flight={counts['in_flight']} done={counts['done']} "
+                    f"dead={counts['dead']}  ({finished}/{len(event_ids)})"
+                )
+                if finished == len(event_ids):
+                    break
+                if not daemon.alive():
+                    click.echo("dagster-daemon exited; see " + str(daemon.log_path), err=True)
+                    break
+                time.sleep(2)
+            elapsed = time.monotonic() - started
+        report = summarize(engine, event_ids)
+    _print_report(report, elapsed, dagster_home)
+    if report["not_done"]:
+        click.echo(
+            f"FAILED: {report['not_done']} event(s) did not reach a terminal state", err=True
+        )
+        return 1
+    return 0
+
+
+def _print_report(report: dict, elapsed: float, dagster_home: Path) -> None:
+    status = report["status"]
+    click.echo("")
+    click.echo(f"{report['events']} events -> {report['messages']} messages in {elapsed:.0f}s")
+    rows = [
+        ("sent", status["sent"]),
+        ("retried (then settled)", report["retried"]),
+        ("dead-lettered", status["dead"]),
+        ("suppressed", status["suppressed"]),
+        ("duplicate (dedupe key)", status["duplicate"]),
+        ("expired", status["expired"]),
+        ("ignored (no route)", report["ignored"]),
+        ("not finished", report["not_done"]),
+    ]
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        click.echo(f"  {name:<{width}}  {value:>5}")
+    if report["dead_letters"]:
+        click.echo(
+            "  dead letters by reason: "
+            + ", ".join(f"{k}={v}" for k, v in sorted(report["dead_letters"].items()))
+        )
+    click.echo("  publish -> provider accepted, per lane:")
+    for lane, (p50, p95) in report["latency"].items():
+        click.echo(f"    {lane:<13} p50 {p50:6.2f}s   p95 {p95:6.2f}s")
+    click.echo("")
+    click.echo("Open the same runs in the Dagster UI:")
+    click.echo(f"  DAGSTER_HOME={dagster_home} dagster dev -w workspace.yaml")
+    click.echo(
+        "Inspect: email-platform status | email-platform dlq list | email-platform trace EVENT_ID"
+    )

@@ -1,0 +1,130 @@
+"""A local Dagster instance for the demo and end-to-end tests: dagster.yaml, workspace, daemon.
+
+Production uses ``deploy/dagster.yaml`` (PostgreSQL storage); this one keeps everything in
+local files under ``DAGSTER_HOME`` and uses the same run queue shape: per-lane tag limits so
+critical mail always has a free run slot, and ``dagster/priority`` to dequeue it first.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+
+DAGSTER_YAML = """\
+# Written by email-platform for local runs. Production: see deploy/dagster.yaml.
+run_queue:
+  max_concurrent_runs: {max_runs}
+  dequeue_interval_seconds: 1
+  dequeue_use_threads: true
+  tag_concurrency_limits:
+    # Bulk and transactional never take every slot: critical always has room.
+    - key: email/lane
+      value: bulk
+      limit: {bulk_runs}
+    - key: email/lane
+      value: transactional
+      limit: {transactional_runs}
+run_monitoring:
+  enabled: true
+  poll_interval_seconds: 5
+  start_timeout_seconds: 120
+sensors:
+  use_threads: true
+  num_workers: 4
+telemetry:
+  enabled: false
+"""
+
+WORKSPACE_YAML = """\
+load_from:
+  - python_module:
+      module_name: email_platform.definitions
+      location_name: email_platform
+"""
+
+
+def prepare_home(home: Path, *, max_runs: int = 6) -> Path:
+    """Create ``home`` with a dagster.yaml and workspace.yaml (kept if already there)."""
+    home.mkdir(parents=True, exist_ok=True)
+    dagster_yaml = home / "dagster.yaml"
+    if not dagster_yaml.exists():
+        dagster_yaml.write_text(
+            DAGSTER_YAML.format(
+                max_runs=max_runs,
+                bulk_runs=max(1, max_runs // 3),
+                transactional_runs=max(1, max_runs // 2),
+            )
+        )
+    workspace = home / "workspace.yaml"
+    if not workspace.exists():
+        workspace.write_text(WORKSPACE_YAML)
+    return workspace
+
+
+class DaemonProcess:
+    """``dagster-daemon run`` in a child process: sensors tick, queued runs launch.
+
+    ``dagster-daemon`` exits cleanly on SIGTERM (``dagster dev`` may leave children behind).
+    """
+
+    def __init__(self, home: Path, env: Mapping[str, str], log_path: Path | None = None) -> None:
+        self.home = home
+        self.env = {**os.environ, **env, "DAGSTER_HOME": str(home)}
+        self.log_path = log_path or home / "daemon.log"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> "DaemonProcess":
+        workspace = prepare_home(self.home)
+        daemon = Path(sys.executable).with_name("dagster-daemon")
+        command = [str(daemon)] if daemon.exists() else [sys.executable, "-m", "dagster._daemon"]
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [*command, "run", "-w", str(workspace)],
+            env=self.env,
+            cwd=str(self.home),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        return self
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        # Run workers are started in their own sessions; reap any still alive.
+        self._log.close()
+        self.process = None
+
+    def __enter__(self) -> "DaemonProcess":
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def wait_for(predicate, timeout_s: float, interval_s: float = 0.5) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return predicate()

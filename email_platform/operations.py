@@ -1,0 +1,107 @@
+"""What operators ask of the system: status, trace, and dead-letter list / replay / discard.
+
+Plain functions over the repositories; the CLI formats what they return.
+"""
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Row
+
+from email_platform.lanes import LANES
+from email_platform.store import attempts, dead_letters, messages, outbox
+from email_platform.timeutil import as_utc, isoformat, utcnow
+
+
+def status(engine: Engine, now: datetime | None = None) -> dict[str, Any]:
+    """The ``email-platform status --json`` object (DESIGN.md)."""
+    now = now or utcnow()
+    with engine.connect() as connection:
+        events = outbox.counts_by_status(connection)
+        message_counts = messages.counts_by_status(connection)
+        backlog = outbox.lane_backlog(connection)
+        by_reason = dead_letters.open_by_reason(connection)
+    lanes: dict[str, dict[str, Any]] = {}
+    for lane in LANES:
+        depth, oldest = backlog.get(lane.value, (0, None))
+        oldest_utc = as_utc(oldest)
+        lanes[lane.value] = {
+            "depth": depth,
+            "oldest_age_s": round((now - oldest_utc).total_seconds(), 3) if oldest_utc else None,
+        }
+    return {
+        "events": events,
+        "messages": message_counts,
+        "lanes": lanes,
+        "dead_letters": {"open": sum(by_reason.values()), "by_reason": by_reason},
+    }
+
+
+def _row(row: Row | None) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    return {k: (isoformat(v) if isinstance(v, datetime) else v) for k, v in row._mapping.items()}
+
+
+def trace(engine: Engine, event_id: str) -> dict[str, Any] | None:
+    """The whole chain of one event, or None if no such event exists."""
+    with engine.connect() as connection:
+        event = outbox.get_event(connection, event_id)
+        if event is None:
+            return None
+        event_attempts = attempts.for_event(connection, event_id)
+        chain = []
+        for message in messages.for_events(connection, [event_id]):
+            chain.append(
+                {
+                    **_row(message),
+                    "attempts": [
+                        _row(a) for a in event_attempts if a.message_id == message.message_id
+                    ],
+                }
+            )
+        letters = dead_letters.for_event(connection, event_id)
+    return {
+        "event": _row(event),
+        "messages": chain,
+        # Filled by webhook ingestion and the analytics funnel once those land.
+        "provider_events": [],
+        "dead_letters": [_row(d) for d in letters],
+        "funnel": None,
+    }
+
+
+def select_dead_letters(
+    connection: Connection,
+    *,
+    ids: Sequence[int] = (),
+    reason: str | None = None,
+    lane: str | None = None,
+    event_id: str | None = None,
+    everything: bool = False,
+) -> list[Row]:
+    if ids:
+        return [d for d in dead_letters.for_ids(connection, ids) if d.status == dead_letters.OPEN]
+    if not (reason or lane or event_id or everything):
+        raise ValueError("say which dead letters: ids, --reason, --lane, --event or --all")
+    return dead_letters.list_letters(connection, reason=reason, lane=lane, event_id=event_id)
+
+
+def requeue_dead_letters(engine: Engine, letters: Sequence[Row]) -> list[str]:
+    """Put the events of ``letters`` back in the outbox with their messages reopened.
+
+    The lane sensor requests them again; the send path reuses each message's idempotency key,
+    sends nothing already accepted, turns anything past ``expires_at`` into ``expired`` and
+    closes the dead letter when its message is finally sent.
+    """
+    event_ids = sorted({d.event_id for d in letters})
+    with engine.begin() as connection:
+        messages.reopen_dead(connection, event_ids, utcnow())
+        outbox.requeue(connection, event_ids)
+    return event_ids
+
+
+def discard_dead_letters(engine: Engine, ids: Sequence[int]) -> int:
+    with engine.begin() as connection:
+        return dead_letters.discard(connection, ids, utcnow())
