@@ -4,8 +4,9 @@ Network errors, timeouts, 429 and 5xx are transient; other 4xx are permanent. ``
 is read as seconds or an HTTP date and capped, so one provider cannot park a run for a day.
 """
 
+import math
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 import httpx
@@ -37,7 +38,11 @@ def parse_retry_after(
             return None
         if when is None:
             return None
+        if when.tzinfo is None:  # "-0000" or no zone: RFC 9110 dates are GMT
+            when = when.replace(tzinfo=UTC)
         seconds = (when - (now or utcnow())).total_seconds()
+    if math.isnan(seconds):
+        return None
     return max(0.0, min(seconds, cap_s))
 
 
@@ -55,11 +60,21 @@ def classify_response(
             f"HTTP {status_code}: {message}",
             status_code=status_code,
             code=code,
-            retry_after_s=parse_retry_after(headers.get("retry-after"), cap_s=retry_after_cap_s),
+            retry_after_s=parse_retry_after(
+                _header(headers, "retry-after"), cap_s=retry_after_cap_s
+            ),
         )
     return ProviderRejectedError(
         f"HTTP {status_code}: {message}", status_code=status_code, code=code
     )
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    # httpx.Headers is case-insensitive; a plain dict from another adapter may not be.
+    for key, value in headers.items():
+        if key.lower() == name:
+            return value
+    return None
 
 
 def classify_exception(exc: BaseException) -> DeliveryError:

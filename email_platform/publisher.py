@@ -104,7 +104,12 @@ def _check_routed_fields(routes: RouteTable, event_type: str, payload: dict[str,
         if route.event_type == event_type and route.dedupe_key:
             try:
                 route.dedupe_key_for(payload)
-            except (KeyError, IndexError, ValueError) as exc:
+            except KeyError as exc:
+                raise InvalidPayloadError(
+                    f"payload.{exc.args[0]}",
+                    f"is required by route {route.name} (dedupe key {route.dedupe_key!r})",
+                ) from None
+            except (IndexError, ValueError) as exc:
                 raise InvalidPayloadError(
                     "payload", f"route {route.name} dedupes on {route.dedupe_key!r}: {exc}"
                 ) from None

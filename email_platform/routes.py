@@ -111,8 +111,8 @@ class RouteTable:
 
 def _signed_up_v1_to_v2(payload: Payload) -> Payload:
     # v1 carried one "name"; v2 splits out the first name the welcome mail greets with.
-    name = str(payload.pop("name", "") or "")
-    payload.setdefault("first_name", name.split(" ")[0] if name else "there")
+    words = str(payload.pop("name", "") or "").split()
+    payload.setdefault("first_name", words[0] if words else "there")
     return payload
 
 

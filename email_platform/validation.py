@@ -21,7 +21,7 @@ _EVENT_TYPE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
 
 
 def check_address(field: str, value: Any) -> str:
-    if not isinstance(value, str) or len(value) > 320 or not _ADDRESS.match(value):
+    if not isinstance(value, str) or len(value) > 320 or not _ADDRESS.fullmatch(value):
         if isinstance(value, str) and ("\r" in value or "\n" in value):
             raise HeaderInjectionError(field, "contains CR or LF")
         raise InvalidAddressError(field, f"{value!r} is not a valid email address")
@@ -34,7 +34,7 @@ def check_no_line_breaks(field: str, value: Any) -> None:
 
 
 def check_event_type(value: Any) -> str:
-    if not isinstance(value, str) or not _EVENT_TYPE.match(value) or len(value) > 200:
+    if not isinstance(value, str) or not _EVENT_TYPE.fullmatch(value) or len(value) > 200:
         raise PublishError("event_type", f"{value!r} is not like 'user.signed_up'")
     return value
 

@@ -16,7 +16,9 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"timeout": 60})
+        # The pool hands a connection to one thread at a time; sqlite3's own same-thread check
+        # only misfires when a pooled connection is reset from another thread.
+        engine = create_engine(url, connect_args={"timeout": 60, "check_same_thread": False})
         _configure_sqlite(engine)
         return engine
     if parsed.drivername == "postgresql":

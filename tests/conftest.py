@@ -1,0 +1,108 @@
+"""Shared fixtures: every storage test runs on SQLite and on a real PostgreSQL.
+
+PostgreSQL is the running service on 127.0.0.1:5432 when reachable (or
+``EMAIL_PLATFORM_TEST_POSTGRES_URL``), else a throwaway server from the ``pgserver`` package, so
+the suite passes on a machine that has only Python. Each test gets a fresh database cloned from
+a migrated template (the procrastinate pattern), or a fresh SQLite file.
+"""
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import URL, make_url
+
+from email_platform.db.engine import make_engine, upgrade
+from email_platform.providers.sandbox_server import SandboxConfig, SandboxServer
+
+BACKENDS = ["sqlite", "postgresql"]
+TEMPLATE_DB = f"ep_template_{os.getpid()}"
+
+
+def _reachable(url: URL) -> bool:
+    try:
+        engine = create_engine(url, connect_args={"connect_timeout": 3})
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+        engine.dispose()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def postgres_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[URL]:
+    """A superuser URL to the ``postgres`` database of some real PostgreSQL server."""
+    explicit = os.environ.get("EMAIL_PLATFORM_TEST_POSTGRES_URL")
+    candidates = [explicit] if explicit else []
+    candidates.append("postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+    for candidate in candidates:
+        url = make_url(candidate).set(drivername="postgresql+psycopg")
+        if _reachable(url):
+            yield url
+            return
+    import pgserver  # a PostgreSQL 16 shipped on PyPI, for machines without the service
+
+    server = pgserver.get_server(tmp_path_factory.mktemp("pgserver"), cleanup_mode="stop")
+    try:
+        yield make_url(server.get_uri()).set(drivername="postgresql+psycopg")
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def postgres_template(postgres_admin_url: URL) -> Iterator[str]:
+    admin = create_engine(postgres_admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'DROP DATABASE IF EXISTS "{TEMPLATE_DB}"'))
+        connection.execute(text(f'CREATE DATABASE "{TEMPLATE_DB}"'))
+    template_engine = make_engine(
+        postgres_admin_url.set(database=TEMPLATE_DB).render_as_string(hide_password=False)
+    )
+    upgrade(template_engine)
+    template_engine.dispose()
+    yield TEMPLATE_DB
+    with admin.connect() as connection:
+        connection.execute(text(f'DROP DATABASE IF EXISTS "{TEMPLATE_DB}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(params=BACKENDS)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A migrated, empty application database on each backend."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'app.sqlite3'}"
+        engine = make_engine(url)
+        upgrade(engine)
+        engine.dispose()
+        yield url
+        return
+    admin_url: URL = request.getfixturevalue("postgres_admin_url")
+    template: str = request.getfixturevalue("postgres_template")
+    name = f"ep_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
+    yield admin_url.set(database=name).render_as_string(hide_password=False)
+    with admin.connect() as connection:
+        connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    engine = make_engine(database_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def sandbox() -> Iterator[SandboxServer]:
+    """The sandbox provider over real HTTP on loopback; short waits for fault tests."""
+    server = SandboxServer(SandboxConfig(retry_after_s=0.2, timeout_delay_s=2.0))
+    server.start()
+    yield server
+    server.stop()

@@ -1,0 +1,138 @@
+"""Helpers shared by the storage tests: publish events, run the real send job, read state."""
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+from dagster import DagsterInstance, ExecuteInProcessResult
+from sqlalchemy import Column, Engine, MetaData, String, Table, insert, select
+
+from email_platform import publish
+from email_platform.db.schema import dead_letters, email_attempts, email_messages, email_outbox
+from email_platform.definitions import build_definitions
+from email_platform.resources import AppDatabase, EmailProviderResource, LanePolicy, RoutingResource
+
+FAST_LANES = {
+    lane: {"retry_delay_s": 0.05, "max_retry_delay_s": 2.0, "max_retries": 3}
+    for lane in ("critical", "transactional", "bulk")
+}
+
+product = MetaData()
+users = Table(
+    "users",
+    product,
+    Column("id", String(64), primary_key=True),
+    Column("email", String(320), nullable=False),
+)
+
+
+def signup(engine: Engine, user_id: str, email: str | None = None, **kwargs: Any) -> str:
+    """The product's signup transaction: the users row and its event, committed together."""
+    email = email or f"{user_id}@example.com"
+    with engine.begin() as connection:
+        product.create_all(connection)
+        connection.execute(insert(users).values(id=user_id, email=email))
+        return publish(
+            connection,
+            event_type="user.signed_up",
+            aggregate_id=user_id,
+            payload={"user_id": user_id, "email": email, "first_name": "Jane"},
+            **kwargs,
+        )
+
+
+def publish_one(engine: Engine, **kwargs: Any) -> str:
+    with engine.begin() as connection:
+        return publish(connection, **kwargs)
+
+
+def send_job_defs(
+    database_url: str,
+    sandbox_url: str,
+    *,
+    lanes: dict | None = None,
+    routing: RoutingResource | None = None,
+    timeout_s: float = 5.0,
+):  # type: ignore[no-untyped-def]
+    return build_definitions(
+        app_database=AppDatabase(url=database_url),
+        email_provider=EmailProviderResource(
+            provider="sandbox", base_url=sandbox_url, timeout_s=timeout_s
+        ),
+        lane_policy=LanePolicy(overrides_json=json.dumps(lanes or FAST_LANES)),
+        routing=routing or RoutingResource(),
+    )
+
+
+def run_send(
+    database_url: str,
+    sandbox_url: str,
+    lane: str,
+    event_ids: Sequence[str],
+    *,
+    instance: DagsterInstance | None = None,
+    lanes: dict | None = None,
+    routing: RoutingResource | None = None,
+    timeout_s: float = 5.0,
+) -> ExecuteInProcessResult:
+    job = send_job_defs(
+        database_url, sandbox_url, lanes=lanes, routing=routing, timeout_s=timeout_s
+    ).get_job_def("send_email_job")
+    return job.execute_in_process(
+        run_config={
+            "ops": {"send_email_batch": {"config": {"lane": lane, "event_ids": list(event_ids)}}}
+        },
+        instance=instance or DagsterInstance.ephemeral(),
+        tags={"email/lane": lane},
+        raise_on_error=False,
+    )
+
+
+def event(engine: Engine, event_id: str):  # type: ignore[no-untyped-def]
+    with engine.connect() as connection:
+        return connection.execute(
+            select(email_outbox).where(email_outbox.c.event_id == event_id)
+        ).one()
+
+
+def messages_of(engine: Engine, event_id: str) -> list:
+    with engine.connect() as connection:
+        return list(
+            connection.execute(
+                select(email_messages).where(email_messages.c.event_id == event_id)
+            ).all()
+        )
+
+
+def attempts_of(engine: Engine, event_id: str) -> list:
+    with engine.connect() as connection:
+        return list(
+            connection.execute(
+                select(email_attempts)
+                .where(email_attempts.c.event_id == event_id)
+                .order_by(email_attempts.c.attempt_id)
+            ).all()
+        )
+
+
+def dead_letters_of(engine: Engine, event_id: str) -> list:
+    with engine.connect() as connection:
+        return list(
+            connection.execute(
+                select(dead_letters).where(dead_letters.c.event_id == event_id)
+            ).all()
+        )
+
+
+def sandbox_messages(base_url: str, event_id: str | None = None) -> list[dict]:
+    params = {"event_id": event_id} if event_id else {}
+    return httpx.get(f"{base_url}/_sandbox/messages", params=params).json()["messages"]
+
+
+def sandbox_stats(base_url: str) -> dict:
+    return httpx.get(f"{base_url}/_sandbox/stats").json()
+
+
+def step_events(result: ExecuteInProcessResult, kind: str) -> list:
+    return [e for e in result.all_events if e.event_type_value == kind]

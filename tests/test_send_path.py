@@ -1,0 +1,396 @@
+"""The send job against the sandbox over HTTP, on SQLite and PostgreSQL: every invariant of
+the send side (DESIGN.md 2-5) with its fault injected, asserting nothing lost, nothing doubled.
+"""
+
+import multiprocessing
+import time
+from concurrent.futures import ProcessPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from unittest import mock
+
+from dagster import DagsterInstance, ReexecutionOptions, SkipReason, execute_job, reconstructable
+from sqlalchemy import insert
+
+from email_platform import publisher
+from email_platform.ids import new_ulid
+from email_platform.resources import RoutingResource
+from email_platform.store import outbox, suppressions
+from email_platform.timeutil import utcnow
+from tests.support import (
+    attempts_of,
+    dead_letters_of,
+    event,
+    messages_of,
+    product,
+    run_send,
+    sandbox_messages,
+    sandbox_stats,
+    signup,
+    step_events,
+    users,
+)
+
+
+def test_batch_is_sent_once_with_event_id_and_key_in_provider_metadata(
+    engine, database_url, sandbox
+):
+    ids = [signup(engine, f"u{i}") for i in range(5)]
+    result = run_send(database_url, sandbox.base_url, "transactional", ids)
+    assert result.success
+    accepted = sandbox_messages(sandbox.base_url)
+    assert sorted(m["metadata"]["event_id"] for m in accepted) == sorted(ids)
+    for event_id in ids:
+        (message,) = messages_of(engine, event_id)
+        assert message.status == "sent" and message.attempts == 1
+        assert message.idempotency_key == f"{event_id}:welcome"
+        (seen,) = sandbox_messages(sandbox.base_url, event_id)
+        assert seen["idempotency_key"] == message.idempotency_key
+        assert seen["metadata"]["idempotency_key"] == message.idempotency_key
+        assert message.provider_message_id == seen["id"]
+        assert event(engine, event_id).status == "done"
+
+
+def test_event_committed_out_of_ulid_order_is_still_sent(engine, database_url, sandbox):
+    from dagster import build_sensor_context
+
+    from email_platform.lanes import Lane
+    from email_platform.resources import AppDatabase, LanePolicy
+    from email_platform.sensors.outbox import make_outbox_sensor
+
+    sensor = make_outbox_sensor(Lane.TRANSACTIONAL)
+    resources = {"app_database": AppDatabase(url=database_url), "lane_policy": LanePolicy()}
+    late = signup(engine, "late-1")
+    with build_sensor_context(resources=resources) as context:
+        first = sensor(context).run_requests
+    assert [r.run_config["ops"]["send_email_batch"]["config"]["event_ids"] for r in first] == [
+        [late]
+    ]
+    # A transaction that took its id a minute ago commits only now.
+    early_id = new_ulid(int((time.time() - 60) * 1000))
+    assert early_id < late
+    with mock.patch.object(publisher, "new_ulid", autospec=True, return_value=early_id):
+        assert signup(engine, "early-1") == early_id
+    with build_sensor_context(resources=resources) as context:
+        second = sensor(context).run_requests
+    assert [r.run_config["ops"]["send_email_batch"]["config"]["event_ids"] for r in second] == [
+        [early_id]
+    ]
+    for request in [*first, *second]:
+        ids = request.run_config["ops"]["send_email_batch"]["config"]["event_ids"]
+        assert run_send(database_url, sandbox.base_url, "transactional", ids).success
+    assert {m["metadata"]["event_id"] for m in sandbox_messages(sandbox.base_url)} == {
+        late,
+        early_id,
+    }
+
+
+def test_same_event_in_two_concurrent_batches_is_sent_once(engine, database_url, sandbox):
+    ids = [signup(engine, f"u{i}") for i in range(30)]
+    batches = [ids[:20], ids[10:], ids[5:25]]
+    # Three run workers, three processes, overlapping batches, all at once.
+    with ProcessPoolExecutor(3, mp_context=multiprocessing.get_context("spawn")) as pool:
+        results = list(
+            pool.map(_send_in_child, [(database_url, sandbox.base_url, b) for b in batches])
+        )
+    assert results == [True, True, True]
+    stats = sandbox_stats(sandbox.base_url)
+    keys = [m["idempotency_key"] for m in sandbox_messages(sandbox.base_url)]
+    assert sorted(keys) == sorted(f"{i}:welcome" for i in ids)
+    assert stats["requests"] == 30 and stats["accepted"] == 30
+    for event_id in ids:
+        assert len(attempts_of(engine, event_id)) == 1
+
+
+def _send_in_child(args: tuple[str, str, list[str]]) -> bool:
+    database_url, sandbox_url, batch = args
+    return run_send(database_url, sandbox_url, "transactional", batch).success
+
+
+def test_claim_of_a_dead_run_is_recovered_after_its_lease(engine, database_url, sandbox):
+    from dagster import build_sensor_context
+
+    from email_platform.lanes import Lane
+    from email_platform.resources import AppDatabase, LanePolicy
+    from email_platform.sensors.outbox import make_outbox_sensor
+
+    event_id = signup(engine, "u1")
+    sensor = make_outbox_sensor(Lane.TRANSACTIONAL)
+    resources = {"app_database": AppDatabase(url=database_url), "lane_policy": LanePolicy()}
+    with build_sensor_context(resources=resources) as context:
+        (request,) = sensor(context).run_requests
+    assert request.run_key == event_id
+    # The run claims the event and its worker dies (no failure event, nothing released).
+    with engine.begin() as connection:
+        claimed = outbox.claim(connection, [event_id], run_id="dead-run", lease_s=1, now=utcnow())
+    assert [c.event_id for c in claimed] == [event_id]
+    with build_sensor_context(resources=resources) as context:
+        # Held: a claim whose lease is still running is respected by the sensor ...
+        assert isinstance(sensor(context), SkipReason)
+    # ... and by any other run, which claims nothing and sends nothing.
+    assert run_send(database_url, sandbox.base_url, "transactional", [event_id]).success
+    assert sandbox_messages(sandbox.base_url) == []
+    time.sleep(1.2)
+    with build_sensor_context(resources=resources) as context:
+        (again,) = sensor(context).run_requests
+    assert again.run_key == f"{event_id}:r1"  # a fresh key: Dagster never relaunches a seen one
+    assert run_send(database_url, sandbox.base_url, "transactional", [event_id]).success
+    assert [m["metadata"]["event_id"] for m in sandbox_messages(sandbox.base_url)] == [event_id]
+    assert event(engine, event_id).status == "done"
+    assert event(engine, event_id).claim_count == 2
+
+
+def test_429_is_retried_after_retry_after_and_sent_once(engine, database_url, sandbox):
+    event_id = signup(engine, "u1", email="u1+429x2@example.com")
+    result = run_send(database_url, sandbox.base_url, "transactional", [event_id])
+    assert result.success
+    assert len(step_events(result, "STEP_UP_FOR_RETRY")) == 2
+    tries = attempts_of(engine, event_id)
+    assert [a.outcome for a in tries] == ["transient", "transient", "accepted"]
+    assert [a.http_status for a in tries] == [429, 429, 200]
+    assert tries[0].retry_after_s == 0.2
+    gaps = [(tries[i + 1].started_at - tries[i].finished_at).total_seconds() for i in range(2)]
+    assert all(gap >= 0.2 for gap in gaps), gaps  # Retry-After honoured
+    assert len(sandbox_messages(sandbox.base_url)) == 1
+    (message,) = messages_of(engine, event_id)
+    assert message.status == "sent" and message.attempts == 3
+
+
+def test_5xx_and_timeouts_retry_with_backoff(engine, database_url, sandbox):
+    ids = [
+        signup(engine, "u1", email="u1+503x1@example.com"),
+        signup(engine, "u2", email="u2+timeoutx1@example.com"),
+        signup(engine, "u3"),
+    ]
+    result = run_send(database_url, sandbox.base_url, "transactional", ids, timeout_s=0.5)
+    assert result.success
+    assert [a.outcome for a in attempts_of(engine, ids[0])] == ["transient", "accepted"]
+    timeout_tries = attempts_of(engine, ids[1])
+    assert [a.outcome for a in timeout_tries] == ["transient", "accepted"]
+    assert "timeout" in timeout_tries[0].error
+    # The healthy message in the same batch was not sent again by the retry.
+    assert [a.outcome for a in attempts_of(engine, ids[2])] == ["accepted"]
+    assert sandbox_stats(sandbox.base_url)["accepted"] == 3
+
+
+def test_accepted_then_timeout_is_not_sent_twice(engine, database_url, sandbox):
+    event_id = signup(engine, "u1", email="u1+accepttimeoutx1@example.com")
+    result = run_send(database_url, sandbox.base_url, "transactional", [event_id], timeout_s=0.5)
+    assert result.success
+    tries = attempts_of(engine, event_id)
+    assert [a.outcome for a in tries] == ["transient", "accepted"]
+    stats = sandbox_stats(sandbox.base_url)
+    assert stats["accepted"] == 1 and stats["repeated_keys"] == 1
+    (seen,) = sandbox_messages(sandbox.base_url)
+    assert tries[1].provider_message_id == seen["id"]
+
+
+def test_permanent_failure_is_dead_lettered_without_retry(engine, database_url, sandbox):
+    bad = signup(engine, "u1", email="u1+reject@example.com")
+    good = signup(engine, "u2")
+    result = run_send(database_url, sandbox.base_url, "transactional", [bad, good])
+    assert not result.success
+    assert step_events(result, "STEP_UP_FOR_RETRY") == []
+    assert len(attempts_of(engine, bad)) == 1
+    (letter,) = dead_letters_of(engine, bad)
+    assert (letter.reason, letter.error_code, letter.status) == (
+        "provider_rejected",
+        "invalid_recipient",
+        "open",
+    )
+    assert letter.run_id == result.run_id and letter.attempts == 1
+    assert event(engine, bad).status == "dead"
+    assert event(engine, good).status == "done"
+    assert [m["metadata"]["event_id"] for m in sandbox_messages(sandbox.base_url)] == [good]
+
+
+def test_exhausted_retries_become_one_dead_letter(engine, database_url, sandbox):
+    event_id = signup(engine, "u1", email="u1+500x10@example.com")
+    lanes = {"transactional": {"retry_delay_s": 0.01, "max_retries": 2}}
+    result = run_send(database_url, sandbox.base_url, "transactional", [event_id], lanes=lanes)
+    assert not result.success
+    assert len(step_events(result, "STEP_UP_FOR_RETRY")) == 2
+    assert [a.outcome for a in attempts_of(engine, event_id)] == ["transient"] * 3
+    (letter,) = dead_letters_of(engine, event_id)
+    assert letter.reason == "retries_exhausted" and letter.attempts == 3
+    assert "HTTP 500" in letter.last_error
+    assert messages_of(engine, event_id)[0].status == "dead"
+    assert sandbox_messages(sandbox.base_url) == []
+
+
+def _broken_templates(tmp_path: Path) -> Path:
+    root = tmp_path / "templates" / "welcome" / "v1"
+    root.mkdir(parents=True)
+    (root / "subject.txt").write_text("Welcome {{ no_such_field }}")
+    (root / "text.txt").write_text("Hi {{ first_name }}")
+    return tmp_path / "templates"
+
+
+def test_replay_after_a_template_fix_sends_exactly_once(engine, database_url, sandbox, tmp_path):
+    from email_platform.operations import requeue_dead_letters
+    from email_platform.store import dead_letters
+
+    event_id = signup(engine, "u1")
+    broken = RoutingResource(templates_dir=str(_broken_templates(tmp_path)))
+    first = run_send(database_url, sandbox.base_url, "transactional", [event_id], routing=broken)
+    assert not first.success and step_events(first, "STEP_UP_FOR_RETRY") == []
+    (letter,) = dead_letters_of(engine, event_id)
+    assert letter.reason == "template_error"
+    with engine.connect() as connection:
+        letters = dead_letters.list_letters(connection)
+    requeue_dead_letters(engine, letters)
+    assert event(engine, event_id).status == "pending"
+    fixed = run_send(database_url, sandbox.base_url, "transactional", [event_id])
+    assert fixed.success
+    (message,) = messages_of(engine, event_id)
+    assert message.status == "sent" and message.idempotency_key == f"{event_id}:welcome"
+    (letter,) = dead_letters_of(engine, event_id)
+    assert letter.status == "replayed" and letter.resolved_by_run_id == fixed.run_id
+    # Replaying again finds nothing to do and sends nothing.
+    assert run_send(database_url, sandbox.base_url, "transactional", [event_id]).success
+    assert len(sandbox_messages(sandbox.base_url)) == 1
+
+
+def test_reexecuting_the_failed_run_replays_with_the_original_key(
+    engine, database_url, sandbox, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("EMAIL_PLATFORM_DATABASE_URL", database_url)
+    monkeypatch.setenv("EMAIL_PLATFORM_SANDBOX_BASE_URL", sandbox.base_url)
+    monkeypatch.setenv(
+        "EMAIL_PLATFORM_LANES", '{"transactional": {"retry_delay_s": 0.01, "max_retries": 1}}'
+    )
+    sent_before = signup(engine, "u0")
+    flaky = signup(engine, "u1", email="u1+503x2@example.com")
+    job = reconstructable(_send_job)
+    (tmp_path / "dagster").mkdir()
+    with DagsterInstance.local_temp(str(tmp_path / "dagster")) as instance:
+        config = {
+            "ops": {
+                "send_email_batch": {
+                    "config": {"lane": "transactional", "event_ids": [sent_before, flaky]}
+                }
+            }
+        }
+        with execute_job(job, instance=instance, run_config=config) as failed:
+            assert not failed.success
+        (letter,) = dead_letters_of(engine, flaky)
+        assert letter.reason == "retries_exhausted"
+        with execute_job(
+            job,
+            instance=instance,
+            reexecution_options=ReexecutionOptions.from_failure(failed.run_id, instance),
+        ) as replayed:
+            assert replayed.success
+            assert replayed.dagster_run.parent_run_id == failed.run_id
+    (message,) = messages_of(engine, flaky)
+    assert message.status == "sent" and message.idempotency_key == f"{flaky}:welcome"
+    assert dead_letters_of(engine, flaky)[0].status == "replayed"
+    keys = [m["idempotency_key"] for m in sandbox_messages(sandbox.base_url)]
+    assert sorted(keys) == sorted([f"{sent_before}:welcome", f"{flaky}:welcome"])
+
+
+def _send_job():
+    from email_platform.definitions import build_definitions
+
+    return build_definitions().get_job_def("send_email_job")
+
+
+def test_expired_message_is_not_sent_even_on_replay(engine, database_url, sandbox):
+    from email_platform.operations import requeue_dead_letters
+    from email_platform.store import dead_letters
+
+    soon = datetime.now(UTC) + timedelta(seconds=1)
+    stale = signup(engine, "u1", expires_at=soon)
+    doomed = signup(
+        engine,
+        "u2",
+        email="u2+reject@example.com",
+        expires_at=datetime.now(UTC) + timedelta(seconds=2),
+    )
+    assert not run_send(database_url, sandbox.base_url, "transactional", [doomed]).success
+    time.sleep(2.1)
+    assert run_send(database_url, sandbox.base_url, "transactional", [stale]).success
+    assert messages_of(engine, stale)[0].status == "expired"
+    with engine.connect() as connection:
+        letters = dead_letters.list_letters(connection)
+    requeue_dead_letters(engine, letters)
+    assert run_send(database_url, sandbox.base_url, "transactional", [doomed]).success
+    assert messages_of(engine, doomed)[0].status == "expired"
+    assert dead_letters_of(engine, doomed)[0].status == "expired"
+    assert len(sandbox_messages(sandbox.base_url)) == 0
+    assert event(engine, stale).status == "done"
+
+
+def test_suppressed_duplicate_ignored_and_upcast_outcomes(engine, database_url, sandbox):
+    with engine.begin() as connection:
+        suppressions.add(
+            connection, "Bounced@Example.com", reason="hard_bounce", source="test", now=utcnow()
+        )
+    suppressed = signup(engine, "u1", email="bounced@example.com")
+    first = signup(engine, "u2")
+    with engine.begin() as connection:
+        duplicate = publisher.publish(
+            connection,
+            event_type="user.signed_up",
+            aggregate_id="u2",
+            payload={"user_id": "u2", "email": "u2@example.com", "first_name": "Again"},
+        )
+        upcast = publisher.publish(
+            connection,
+            event_type="user.signed_up",
+            event_version=1,
+            aggregate_id="u3",
+            payload={"user_id": "u3", "email": "u3@example.com", "name": "Ada Lovelace"},
+        )
+        ignored = publisher.publish(
+            connection, event_type="cart.viewed", aggregate_id="c", payload={}
+        )
+        too_new = publisher.publish(
+            connection,
+            event_type="user.signed_up",
+            event_version=9,
+            aggregate_id="u4",
+            payload={"user_id": "u4", "email": "u4@example.com", "first_name": "X"},
+        )
+    ids = [suppressed, first, duplicate, upcast, ignored, too_new]
+    result = run_send(database_url, sandbox.base_url, "transactional", ids)
+    assert not result.success  # the unknown version is a dead letter
+    assert messages_of(engine, suppressed)[0].status == "suppressed"
+    assert messages_of(engine, first)[0].status == "sent"
+    assert messages_of(engine, duplicate)[0].status == "duplicate"
+    assert event(engine, ignored).resolution == "ignored"
+    assert event(engine, ignored).status == "done"
+    (letter,) = dead_letters_of(engine, too_new)
+    assert letter.reason == "unknown_event_version" and letter.message_id is None
+    assert event(engine, too_new).status == "dead"
+    assert step_events(result, "STEP_UP_FOR_RETRY") == []
+    sent = {m["metadata"]["event_id"]: m for m in sandbox_messages(sandbox.base_url)}
+    assert set(sent) == {first, upcast}
+    assert sent[upcast]["subject"] == "Welcome to Example, Ada!"
+
+
+def test_password_reset_looks_the_address_up_at_send_time(engine, database_url, sandbox):
+    with engine.begin() as connection:
+        product.create_all(connection)
+        connection.execute(insert(users).values(id="u1", email="old@example.com"))
+        known = publisher.publish(
+            connection,
+            event_type="user.password_reset_requested",
+            aggregate_id="u1",
+            payload={"user_id": "u1", "reset_token": "t1"},
+        )
+        unknown = publisher.publish(
+            connection,
+            event_type="user.password_reset_requested",
+            aggregate_id="nobody",
+            payload={"user_id": "nobody", "reset_token": "t2"},
+        )
+        # The user changed their address after asking: the current one is used.
+        connection.execute(users.update().values(email="new@example.com"))
+    result = run_send(database_url, sandbox.base_url, "critical", [known, unknown])
+    assert not result.success
+    (seen,) = sandbox_messages(sandbox.base_url)
+    assert seen["to"] == "new@example.com" and seen["metadata"]["event_id"] == known
+    (letter,) = dead_letters_of(engine, unknown)
+    assert letter.reason == "recipient_not_found"
+    assert event(engine, known).lane == "critical"
