@@ -1,0 +1,121 @@
+"""End to end through the real path: a real dagster-daemon ticks the lane sensors and launches
+runs in their own processes, which send to the sandbox over HTTP and record outcomes in the
+application database (SQLite and PostgreSQL). Nothing is called in-process here.
+"""
+
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+from sqlalchemy import insert, select
+
+from email_platform import publish
+from email_platform.db.schema import email_messages, email_outbox
+from email_platform.local_dagster import DaemonProcess, prepare_home, wait_for
+from tests.support import product, sandbox_messages, sandbox_stats, users
+
+pytestmark = pytest.mark.e2e
+
+LANES_JSON = (
+    '{"critical": {"retry_delay_s": 0.2}, "transactional": {"retry_delay_s": 0.2,'
+    ' "batch_size": 10}, "bulk": {"retry_delay_s": 0.2, "batch_size": 20}}'
+)
+
+
+def _statuses(engine, ids: list[str]) -> Counter:
+    with engine.connect() as connection:
+        rows = connection.execute(
+            select(email_outbox.c.status).where(email_outbox.c.event_id.in_(ids))
+        ).all()
+    return Counter(row.status for row in rows)
+
+
+def _publish_mix(engine, tag: str) -> dict[str, list[str]]:
+    ids: dict[str, list[str]] = {"critical": [], "transactional": [], "bulk": []}
+    with engine.begin() as connection:
+        product.create_all(connection)
+        for i in range(24):
+            user_id = f"{tag}{i}"
+            email = {0: f"{user_id}+reject@example.com", 1: f"{user_id}+429x1@example.com",
+                     2: f"{user_id}+503x1@example.com"}.get(i % 8, f"{user_id}@example.com")
+            connection.execute(insert(users).values(id=user_id, email=email))
+            ids["transactional"].append(publish(
+                connection, event_type="user.signed_up", aggregate_id=user_id,
+                payload={"user_id": user_id, "email": email, "first_name": "Jane"}))
+        for i in range(6):
+            ids["critical"].append(publish(
+                connection, event_type="user.password_reset_requested", aggregate_id=f"{tag}{i}",
+                payload={"user_id": f"{tag}{i}", "reset_token": f"t{i}"}))
+        for i in range(30):
+            ids["bulk"].append(publish(
+                connection, event_type="digest.ready", aggregate_id=f"{tag}{i}",
+                payload={"email": f"{tag}{i}@example.org", "first_name": "Jane",
+                         "highlights": ["a"]}))
+    return ids
+
+
+def _dagster_cli(home: Path, env: dict, *args: str) -> None:
+    dagster = Path(sys.executable).with_name("dagster")
+    subprocess.run([str(dagster), *args, "-w", str(home / "workspace.yaml")],
+                   env={**os.environ, **env, "DAGSTER_HOME": str(home)}, check=True,
+                   capture_output=True, timeout=120)
+
+
+def test_daemon_drains_every_lane_and_bulk_can_be_paused(engine, database_url, sandbox, tmp_path):
+    home = tmp_path / "dagster"
+    prepare_home(home)
+    env = {
+        "EMAIL_PLATFORM_DATABASE_URL": database_url,
+        "EMAIL_PLATFORM_PROVIDER": "sandbox",
+        "EMAIL_PLATFORM_SANDBOX_BASE_URL": sandbox.base_url,
+        "EMAIL_PLATFORM_LANES": LANES_JSON,
+    }
+    # Pause bulk before anything runs: stopping its sensor must hold bulk mail and nothing else.
+    _dagster_cli(home, env, "sensor", "stop", "bulk_outbox_sensor")
+    ids = _publish_mix(engine, "e")
+    every_id = [i for lane in ids.values() for i in lane]
+    with DaemonProcess(home, env) as daemon:
+        others = ids["critical"] + ids["transactional"]
+        drained = wait_for(lambda: _statuses(engine, others).keys() <= {"done", "dead"}, 150)
+        assert drained, (_statuses(engine, others), daemon.log_path.read_text()[-3000:])
+        assert _statuses(engine, ids["bulk"]) == Counter({"pending": 30})
+        _dagster_cli(home, env, "sensor", "start", "bulk_outbox_sensor")
+        assert wait_for(lambda: _statuses(engine, ids["bulk"]) == Counter({"done": 30}), 120), (
+            _statuses(engine, ids["bulk"]), daemon.log_path.read_text()[-3000:])
+
+    with engine.connect() as connection:
+        messages = connection.execute(
+            select(email_messages).where(email_messages.c.event_id.in_(every_id))
+        ).all()
+    status = Counter(m.status for m in messages)
+    # 3 signups and the reset of user 0 go to rejected addresses.
+    assert status == Counter({"sent": 56, "dead": 4}), status
+    assert _statuses(engine, every_id) == Counter({"done": 56, "dead": 4})
+
+    accepted = sandbox_messages(sandbox.base_url)
+    keys = [m["idempotency_key"] for m in accepted]
+    assert len(keys) == len(set(keys)) == 56  # every key accepted once, none twice
+    assert {m["metadata"]["event_id"] for m in accepted} == {
+        m.event_id for m in messages if m.status == "sent"}
+    assert sandbox_stats(sandbox.base_url)["accepted"] == 56
+
+    with DagsterInstance.from_config(str(home)) as instance:
+        runs = instance.get_runs(RunsFilter(job_name="send_email_job"))
+        by_lane = Counter(run.tags["email/lane"] for run in runs)
+        assert set(by_lane) == {"critical", "transactional", "bulk"}
+        for run in runs:
+            assert run.status in (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE)
+            assert "@" not in repr(run.tags) and "@" not in repr(run.run_config)  # no PII
+            assert run.tags["dagster/priority"] == {"critical": "10", "transactional": "5",
+                                                    "bulk": "0"}[run.tags["email/lane"]]
+            batch = run.run_config["ops"]["send_email_batch"]["config"]["event_ids"]
+            assert run.tags["email/first_event_id"] == batch[0]
+            assert run.tags["email/batch_size"] == str(len(batch))
+        failed = [r for r in runs if r.status == DagsterRunStatus.FAILURE]
+        # Only the batches that hold a rejected address failed, and said why.
+        assert failed and all(r.tags["email/lane"] != "bulk" for r in failed)
