@@ -6,7 +6,6 @@ application database (SQLite and PostgreSQL). Nothing is called in-process here.
 import os
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -41,29 +40,54 @@ def _publish_mix(engine, tag: str) -> dict[str, list[str]]:
         product.create_all(connection)
         for i in range(24):
             user_id = f"{tag}{i}"
-            email = {0: f"{user_id}+reject@example.com", 1: f"{user_id}+429x1@example.com",
-                     2: f"{user_id}+503x1@example.com"}.get(i % 8, f"{user_id}@example.com")
+            email = {
+                0: f"{user_id}+reject@example.com",
+                1: f"{user_id}+429x1@example.com",
+                2: f"{user_id}+503x1@example.com",
+            }.get(i % 8, f"{user_id}@example.com")
             connection.execute(insert(users).values(id=user_id, email=email))
-            ids["transactional"].append(publish(
-                connection, event_type="user.signed_up", aggregate_id=user_id,
-                payload={"user_id": user_id, "email": email, "first_name": "Jane"}))
+            ids["transactional"].append(
+                publish(
+                    connection,
+                    event_type="user.signed_up",
+                    aggregate_id=user_id,
+                    payload={"user_id": user_id, "email": email, "first_name": "Jane"},
+                )
+            )
         for i in range(6):
-            ids["critical"].append(publish(
-                connection, event_type="user.password_reset_requested", aggregate_id=f"{tag}{i}",
-                payload={"user_id": f"{tag}{i}", "reset_token": f"t{i}"}))
+            ids["critical"].append(
+                publish(
+                    connection,
+                    event_type="user.password_reset_requested",
+                    aggregate_id=f"{tag}{i}",
+                    payload={"user_id": f"{tag}{i}", "reset_token": f"t{i}"},
+                )
+            )
         for i in range(30):
-            ids["bulk"].append(publish(
-                connection, event_type="digest.ready", aggregate_id=f"{tag}{i}",
-                payload={"email": f"{tag}{i}@example.org", "first_name": "Jane",
-                         "highlights": ["a"]}))
+            ids["bulk"].append(
+                publish(
+                    connection,
+                    event_type="digest.ready",
+                    aggregate_id=f"{tag}{i}",
+                    payload={
+                        "email": f"{tag}{i}@example.org",
+                        "first_name": "Jane",
+                        "highlights": ["a"],
+                    },
+                )
+            )
     return ids
 
 
 def _dagster_cli(home: Path, env: dict, *args: str) -> None:
     dagster = Path(sys.executable).with_name("dagster")
-    subprocess.run([str(dagster), *args, "-w", str(home / "workspace.yaml")],
-                   env={**os.environ, **env, "DAGSTER_HOME": str(home)}, check=True,
-                   capture_output=True, timeout=120)
+    subprocess.run(
+        [str(dagster), *args, "-w", str(home / "workspace.yaml")],
+        env={**os.environ, **env, "DAGSTER_HOME": str(home)},
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
 
 
 def test_daemon_drains_every_lane_and_bulk_can_be_paused(engine, database_url, sandbox, tmp_path):
@@ -86,7 +110,9 @@ def test_daemon_drains_every_lane_and_bulk_can_be_paused(engine, database_url, s
         assert _statuses(engine, ids["bulk"]) == Counter({"pending": 30})
         _dagster_cli(home, env, "sensor", "start", "bulk_outbox_sensor")
         assert wait_for(lambda: _statuses(engine, ids["bulk"]) == Counter({"done": 30}), 120), (
-            _statuses(engine, ids["bulk"]), daemon.log_path.read_text()[-3000:])
+            _statuses(engine, ids["bulk"]),
+            daemon.log_path.read_text()[-3000:],
+        )
 
     with engine.connect() as connection:
         messages = connection.execute(
@@ -101,7 +127,8 @@ def test_daemon_drains_every_lane_and_bulk_can_be_paused(engine, database_url, s
     keys = [m["idempotency_key"] for m in accepted]
     assert len(keys) == len(set(keys)) == 56  # every key accepted once, none twice
     assert {m["metadata"]["event_id"] for m in accepted} == {
-        m.event_id for m in messages if m.status == "sent"}
+        m.event_id for m in messages if m.status == "sent"
+    }
     assert sandbox_stats(sandbox.base_url)["accepted"] == 56
 
     with DagsterInstance.from_config(str(home)) as instance:
@@ -111,8 +138,10 @@ def test_daemon_drains_every_lane_and_bulk_can_be_paused(engine, database_url, s
         for run in runs:
             assert run.status in (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE)
             assert "@" not in repr(run.tags) and "@" not in repr(run.run_config)  # no PII
-            assert run.tags["dagster/priority"] == {"critical": "10", "transactional": "5",
-                                                    "bulk": "0"}[run.tags["email/lane"]]
+            assert (
+                run.tags["dagster/priority"]
+                == {"critical": "10", "transactional": "5", "bulk": "0"}[run.tags["email/lane"]]
+            )
             batch = run.run_config["ops"]["send_email_batch"]["config"]["event_ids"]
             assert run.tags["email/first_event_id"] == batch[0]
             assert run.tags["email/batch_size"] == str(len(batch))
