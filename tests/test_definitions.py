@@ -1,0 +1,48 @@
+"""The code location loads from workspace.yaml and shows what the UI promises."""
+
+from pathlib import Path
+
+from email_platform.definitions import defs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_workspace_points_at_the_definitions_module():
+    text = (ROOT / "workspace.yaml").read_text()
+    assert "module_name: email_platform.definitions" in text
+
+
+def test_every_job_and_sensor_resolves_with_a_description():
+    repository = defs.get_repository_def()
+    assert [job.name for job in repository.get_all_jobs()] == ["send_email_job"]
+    sensors = {sensor.name: sensor for sensor in repository.sensor_defs}
+    assert set(sensors) == {
+        "critical_outbox_sensor",
+        "transactional_outbox_sensor",
+        "bulk_outbox_sensor",
+        "send_run_failure_sensor",
+    }
+    for sensor in sensors.values():
+        assert sensor.description and len(sensor.description) > 40
+    assert repository.get_job("send_email_job").description
+    op = repository.get_job("send_email_job").graph.node_defs[0]
+    assert op.name == "send_email_batch" and "idempotency key" in op.description
+    assert op.retry_policy is not None and op.retry_policy.max_retries >= 1
+
+
+def test_lane_sensors_target_the_send_job_and_start_running():
+    repository = defs.get_repository_def()
+    for name in ("critical_outbox_sensor", "transactional_outbox_sensor", "bulk_outbox_sensor"):
+        sensor = repository.get_sensor_def(name)
+        assert sensor.job_name == "send_email_job"
+        assert sensor.default_status.value == "RUNNING"
+    # The critical lane ticks at least as often as the others.
+    intervals = {s.name: s.minimum_interval_seconds for s in repository.sensor_defs}
+    assert intervals["critical_outbox_sensor"] <= intervals["transactional_outbox_sensor"]
+    assert intervals["critical_outbox_sensor"] <= intervals["bulk_outbox_sensor"]
+
+
+def test_required_resources_are_bound():
+    repository = defs.get_repository_def()
+    resources = repository.get_top_level_resources()
+    assert {"app_database", "email_provider", "lane_policy", "routing"} <= set(resources)

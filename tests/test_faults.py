@@ -1,0 +1,84 @@
+"""A run worker killed mid-send: the run-failure sensor releases its claim and the next run
+sends every message exactly once, the provider's idempotency key closing the window in which
+the dead worker's request was accepted but never recorded (DESIGN.md invariants 2 and 3).
+"""
+
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+
+from dagster import (
+    DagsterEventType,
+    DagsterInstance,
+    EventRecordsFilter,
+    RunsFilter,
+    build_run_status_sensor_context,
+)
+
+from email_platform.providers.sandbox_server import SandboxConfig, SandboxServer
+from email_platform.resources import AppDatabase
+from email_platform.sensors.run_failure import send_run_failure_sensor
+from tests.support import attempts_of, event, run_send, sandbox_messages, sandbox_stats, signup
+
+
+def _send_in_child(database_url: str, sandbox_url: str, ids: list[str], home: str) -> None:
+    with DagsterInstance.from_config(home) as instance:
+        run_send(database_url, sandbox_url, "transactional", ids, instance=instance)
+
+
+def _wait(predicate, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_killed_worker_releases_its_claim_and_nothing_is_sent_twice(
+    engine, database_url, tmp_path: Path
+):
+    home = tmp_path / "dagster"
+    home.mkdir()
+    # The provider accepts each message, then stalls before answering.
+    ids = [signup(engine, f"u{i}", email=f"u{i}+accepttimeoutx1@example.com") for i in range(5)]
+    with SandboxServer(SandboxConfig(timeout_delay_s=30)) as sandbox_url:
+        child = multiprocessing.get_context("spawn").Process(
+            target=_send_in_child, args=(database_url, sandbox_url, ids, str(home))
+        )
+        child.start()
+        # Kill the worker once the provider has accepted all five, before any answer arrived.
+        assert _wait(lambda: sandbox_stats(sandbox_url)["accepted"] == 5, 60)
+        os.kill(child.pid, signal.SIGKILL)
+        child.join()
+        assert all(event(engine, i).status == "in_flight" for i in ids)
+        assert all(attempts_of(engine, i) == [] for i in ids)  # accepted, never recorded
+
+        with DagsterInstance.from_config(str(home)) as instance:
+            (run,) = instance.get_runs(RunsFilter(job_name="send_email_job"))
+            # What run monitoring does for a dead worker: the run is marked failed ...
+            instance.report_run_failed(run)
+            failure = instance.get_event_records(
+                EventRecordsFilter(DagsterEventType.RUN_FAILURE), limit=1
+            )[0].event_log_entry.dagster_event
+            # ... and the failure sensor gives its claim back.
+            with build_run_status_sensor_context(
+                sensor_name="send_run_failure_sensor",
+                dagster_event=failure,
+                dagster_instance=instance,
+                dagster_run=instance.get_run_by_id(run.run_id),
+                resources={"app_database": AppDatabase(url=database_url)},
+            ) as context:
+                send_run_failure_sensor(context)
+        assert all(event(engine, i).status == "pending" for i in ids)
+
+        assert run_send(database_url, sandbox_url, "transactional", ids).success
+        stats = sandbox_stats(sandbox_url)
+        keys = [m["idempotency_key"] for m in sandbox_messages(sandbox_url)]
+    assert sorted(keys) == sorted(f"{i}:welcome" for i in ids)  # five messages, not ten
+    assert stats["accepted"] == 5 and stats["repeated_keys"] == 5
+    for event_id in ids:
+        assert event(engine, event_id).status == "done"
+        assert [a.outcome for a in attempts_of(engine, event_id)] == ["accepted"]
