@@ -12,7 +12,22 @@ from email_platform.db.engine import make_engine, upgrade
 
 
 def _engine(url: str | None):  # type: ignore[no-untyped-def]
-    return make_engine(url or config.database_url())
+    """The application database, refusing early (and saying why) if it was never migrated."""
+    from email_platform.db.engine import current_revision
+
+    engine = make_engine(url or config.database_url())
+    try:
+        revision = current_revision(engine)
+    except Exception as exc:  # unreachable server, bad credentials: say which database
+        raise click.ClickException(
+            f"cannot open {engine.url.render_as_string()}: {exc.__class__.__name__}: {exc}"
+        ) from None
+    if revision is None:
+        raise click.ClickException(
+            f"{engine.url.render_as_string()} has no email_platform schema; "
+            "run `email-platform db upgrade` first"
+        )
+    return engine
 
 
 def _print_json(value: Any) -> None:
@@ -37,7 +52,7 @@ def db_upgrade(url: str | None, revision: str) -> None:
     """Apply migrations up to REVISION."""
     from email_platform.db.engine import current_revision
 
-    engine = _engine(url)
+    engine = make_engine(url or config.database_url())
     upgrade(engine, revision)
     click.echo(f"database at revision {current_revision(engine)} ({engine.url.render_as_string()})")
 

@@ -256,7 +256,11 @@ def run_demo(
             '"transactional": {"retry_delay_s": 1.0}, "bulk": {"retry_delay_s": 1.0}}',
         }
         with DaemonProcess(dagster_home, env) as daemon:
-            click.echo(f"dagster-daemon started (DAGSTER_HOME={dagster_home}); publishing ...")
+            click.echo(f"dagster-daemon starting (DAGSTER_HOME={dagster_home}) ...")
+            if not daemon.wait_until_ticking():
+                click.echo(f"dagster-daemon did not come up; see {daemon.log_path}", err=True)
+                return 1
+            click.echo("sensors are ticking; publishing ...")
             event_ids = publish_demo_events(engine, tag, signups, resets, receipts, digests)
             click.echo(f"published {len(event_ids)} events through publish(); draining ...")
             started = time.monotonic()

@@ -92,6 +92,18 @@ class DaemonProcess:
         )
         return self
 
+    def wait_until_ticking(self, timeout_s: float = 90.0) -> bool:
+        """Block until the sensor daemon has sent a heartbeat (the lane sensors are live)."""
+        from dagster import DagsterInstance
+
+        def sensor_daemon_up() -> bool:
+            if not self.alive():
+                return False
+            with DagsterInstance.from_config(str(self.home)) as instance:
+                return "SENSOR" in instance.get_daemon_heartbeats()
+
+        return wait_for(sensor_daemon_up, timeout_s, interval_s=1.0)
+
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 

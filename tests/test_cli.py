@@ -10,8 +10,7 @@ from tests.support import event, messages_of, run_send, sandbox_messages, signup
 
 
 def _cli(database_url: str, *args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(main, list(args),
-                                env={"EMAIL_PLATFORM_DATABASE_URL": database_url})
+    result = CliRunner().invoke(main, list(args), env={"EMAIL_PLATFORM_DATABASE_URL": database_url})
     return result.exit_code, result.output
 
 
@@ -24,8 +23,14 @@ def test_status_json_has_the_documented_shape_and_counts(engine, database_url, s
     assert code == 0, output
     report = json.loads(output)
     assert report["events"] == {"pending": 1, "in_flight": 0, "done": 1, "dead": 1}
-    assert report["messages"] == {"pending": 0, "sent": 1, "suppressed": 0, "expired": 0,
-                                  "duplicate": 0, "dead": 1}
+    assert report["messages"] == {
+        "pending": 0,
+        "sent": 1,
+        "suppressed": 0,
+        "expired": 0,
+        "duplicate": 0,
+        "dead": 1,
+    }
     assert set(report["lanes"]) == {"critical", "transactional", "bulk"}
     assert report["lanes"]["transactional"]["depth"] == 1
     assert report["lanes"]["transactional"]["oldest_age_s"] >= 0
@@ -59,8 +64,9 @@ def test_dlq_list_replay_and_discard(engine, database_url, sandbox):
     flaky = signup(engine, "u1", email="u1+503x2@example.com")
     rejected = signup(engine, "u2", email="u2+reject@example.com")
     lanes = {"transactional": {"retry_delay_s": 0.01, "max_retries": 1}}
-    assert not run_send(database_url, sandbox.base_url, "transactional", [flaky, rejected],
-                        lanes=lanes).success
+    assert not run_send(
+        database_url, sandbox.base_url, "transactional", [flaky, rejected], lanes=lanes
+    ).success
     code, output = _cli(database_url, "dlq", "list", "--json")
     assert code == 0
     letters = {row["event_id"]: row for row in json.loads(output)}
@@ -89,20 +95,36 @@ def test_dlq_list_replay_and_discard(engine, database_url, sandbox):
     assert [m["metadata"]["event_id"] for m in sandbox_messages(sandbox.base_url)] == [flaky]
 
 
-def test_dlq_replay_inline_sends_without_a_daemon(engine, database_url, sandbox, tmp_path,
-                                                  monkeypatch):
+def test_dlq_replay_inline_sends_without_a_daemon(
+    engine, database_url, sandbox, tmp_path, monkeypatch
+):
     event_id = signup(engine, "u1", email="u1+503x2@example.com")
     lanes = {"transactional": {"retry_delay_s": 0.01, "max_retries": 1}}
-    assert not run_send(database_url, sandbox.base_url, "transactional", [event_id],
-                        lanes=lanes).success
+    assert not run_send(
+        database_url, sandbox.base_url, "transactional", [event_id], lanes=lanes
+    ).success
     (tmp_path / "dagster").mkdir()
-    result = CliRunner().invoke(main, ["dlq", "replay", "--all", "--inline"], env={
-        "EMAIL_PLATFORM_DATABASE_URL": database_url,
-        "EMAIL_PLATFORM_SANDBOX_BASE_URL": sandbox.base_url,
-        "DAGSTER_HOME": str(tmp_path / "dagster"),
-    })
+    result = CliRunner().invoke(
+        main,
+        ["dlq", "replay", "--all", "--inline"],
+        env={
+            "EMAIL_PLATFORM_DATABASE_URL": database_url,
+            "EMAIL_PLATFORM_SANDBOX_BASE_URL": sandbox.base_url,
+            "DAGSTER_HOME": str(tmp_path / "dagster"),
+        },
+    )
     assert result.exit_code == 0, result.output
     assert "success" in result.output
     assert messages_of(engine, event_id)[0].status == "sent"
     keys = [m["idempotency_key"] for m in sandbox_messages(sandbox.base_url)]
     assert keys == [f"{event_id}:welcome"]
+
+
+def test_commands_on_an_unmigrated_database_say_what_to_do(tmp_path):
+    url = f"sqlite:///{tmp_path / 'empty.sqlite3'}"
+    code, output = _cli(url, "status")
+    assert code != 0 and "email-platform db upgrade" in output
+    code, output = _cli(url, "db", "upgrade")
+    assert code == 0 and "revision 0001" in output
+    code, output = _cli(url, "status", "--json")
+    assert code == 0 and json.loads(output)["events"]["pending"] == 0
