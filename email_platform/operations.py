@@ -96,8 +96,9 @@ def requeue_dead_letters(engine: Engine, letters: Sequence[Row]) -> list[str]:
     closes the dead letter when its message is finally sent.
     """
     event_ids = sorted({d.event_id for d in letters})
+    message_ids = sorted({d.message_id for d in letters if d.message_id is not None})
     with engine.begin() as connection:
-        messages.reopen_dead(connection, event_ids, utcnow())
+        messages.reopen(connection, message_ids, utcnow())
         outbox.requeue(connection, event_ids)
     return event_ids
 

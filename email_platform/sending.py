@@ -125,7 +125,9 @@ class BatchSender:
                 include_dead=replay,
             )
             if replay:
-                messages.reopen_dead(connection, [e.event_id for e in claimed], now)
+                # Only what still has an open dead letter: a discarded one stays dead.
+                reopen = dead_letters.open_message_ids(connection, [e.event_id for e in claimed])
+                messages.reopen(connection, reopen, now)
         outcome.claimed = [event.event_id for event in claimed]
         if not claimed:
             return outcome
@@ -199,14 +201,15 @@ class BatchSender:
                     )
                     outcome.ignored += 1
                     continue
-                if replay:
-                    dead_letters.resolve_for_events(
-                        connection,
-                        [event.event_id],
-                        status=dead_letters.REPLAYED,
-                        run_id=run_id,
-                        now=now,
-                    )
+                # Routed now: an event-level dead letter (say, a version that has an upcaster
+                # since) is settled, however the replay was started.
+                dead_letters.resolve_for_events(
+                    connection,
+                    [event.event_id],
+                    status=dead_letters.REPLAYED,
+                    run_id=run_id,
+                    now=now,
+                )
                 for route in event_routes:
                     message = existing.get((event.event_id, route.name))
                     if message is None:
@@ -250,6 +253,13 @@ class BatchSender:
                         messages.SUPPRESSED,
                         now,
                         last_error=f"address suppressed: {reason}",
+                    )
+                    dead_letters.resolve_for_messages(
+                        connection,
+                        [message.message_id],
+                        status=dead_letters.SUPPRESSED,
+                        run_id=run_id,
+                        now=now,
                     )
                     outcome.suppressed += 1
                     continue

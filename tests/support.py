@@ -136,3 +136,17 @@ def sandbox_stats(base_url: str) -> dict:
 
 def step_events(result: ExecuteInProcessResult, kind: str) -> list:
     return [e for e in result.all_events if e.event_type_value == kind]
+
+
+def routes_with_signup_v3():
+    """Shipped routes plus an upcaster from a newer producer's v3 (for replay-after-fix tests)."""
+    from email_platform.routes import default_routes
+
+    table = default_routes()
+    # Pretend v3 is the current version and v2 upcasts to it unchanged.
+    table.routes = [
+        (r if r.event_type != "user.signed_up" else type(r)(**{**r.__dict__, "event_version": 3}))
+        for r in table.routes
+    ]
+    table.upcasters[("user.signed_up", 2)] = lambda payload: payload
+    return table

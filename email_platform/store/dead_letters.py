@@ -93,6 +93,17 @@ def resolve_for_events(
     connection.execute(query.values(status=status, resolved_at=now, resolved_by_run_id=run_id))
 
 
+def open_message_ids(connection: Connection, event_ids: Sequence[str]) -> list[int]:
+    rows = connection.execute(
+        select(dead_letters.c.message_id).where(
+            dead_letters.c.event_id.in_(list(event_ids)),
+            dead_letters.c.status == OPEN,
+            dead_letters.c.message_id.is_not(None),
+        )
+    ).all()
+    return sorted({row.message_id for row in rows})
+
+
 def discard(connection: Connection, ids: Sequence[int], now: datetime) -> int:
     return connection.execute(
         update(dead_letters)

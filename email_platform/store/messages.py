@@ -40,29 +40,43 @@ def get(connection: Connection, message_id: int) -> Row | None:
 
 
 def create(connection: Connection, values: dict[str, Any]) -> Row:
-    """Insert a message; a taken dedupe key makes it a ``duplicate`` instead.
+    """Insert a message; a taken dedupe key or idempotency key makes it a ``duplicate``.
 
-    The unique index on ``dedupe_key`` is the arbiter, so two runs racing on the same key
-    cannot both win. The savepoint keeps the caller's transaction usable after the conflict.
+    The unique indexes are the arbiters, so two runs racing on the same key cannot both win.
+    A producer that published twice with the same ``idempotency_key`` gets one mail. The
+    savepoint keeps the caller's transaction usable after the conflict.
     """
-    dedupe_key = values.get("dedupe_key")
-    if dedupe_key is not None:
-        try:
-            with connection.begin_nested():
-                return _insert(connection, values)
-        except IntegrityError:
-            holder = connection.execute(
-                select(messages.c.message_id).where(messages.c.dedupe_key == dedupe_key)
-            ).scalar()
-            if holder is None:
-                raise
-            values = {
-                **values,
-                "dedupe_key": None,
-                "status": DUPLICATE,
-                "last_error": f"dedupe key {dedupe_key!r} already used by message {holder}",
-            }
-    return _insert(connection, values)
+    try:
+        with connection.begin_nested():
+            return _insert(connection, values)
+    except IntegrityError:
+        holder, key_kind = _holder(connection, values)
+        if holder is None:
+            raise
+    return _insert(
+        connection,
+        {
+            **values,
+            "dedupe_key": None,
+            # Unique per event and route, so the duplicate row itself never collides.
+            "idempotency_key": f"{values['event_id']}:{values['route']}:duplicate",
+            "status": DUPLICATE,
+            "last_error": f"{key_kind} already used by message {holder}",
+        },
+    )
+
+
+def _holder(connection: Connection, values: dict[str, Any]) -> tuple[int | None, str]:
+    if values.get("dedupe_key") is not None:
+        holder = connection.execute(
+            select(messages.c.message_id).where(messages.c.dedupe_key == values["dedupe_key"])
+        ).scalar()
+        if holder is not None:
+            return holder, f"dedupe key {values['dedupe_key']!r}"
+    holder = connection.execute(
+        select(messages.c.message_id).where(messages.c.idempotency_key == values["idempotency_key"])
+    ).scalar()
+    return holder, f"idempotency key {values['idempotency_key']!r}"
 
 
 def _insert(connection: Connection, values: dict[str, Any]) -> Row:
@@ -106,15 +120,15 @@ def record_attempt(
     connection.execute(update(messages).where(messages.c.message_id == message_id).values(**values))
 
 
-def reopen_dead(connection: Connection, event_ids: Sequence[str], now: datetime) -> list[int]:
+def reopen(connection: Connection, message_ids: Sequence[int], now: datetime) -> int:
     """A replay gives dead messages another go, with the idempotency key they already have."""
-    rows = connection.execute(
+    if not message_ids:
+        return 0
+    return connection.execute(
         update(messages)
-        .where(messages.c.event_id.in_(list(event_ids)), messages.c.status == DEAD)
+        .where(messages.c.message_id.in_(list(message_ids)), messages.c.status == DEAD)
         .values(status=PENDING, updated_at=now)
-        .returning(messages.c.message_id)
-    ).all()
-    return [row.message_id for row in rows]
+    ).rowcount
 
 
 def counts_by_status(connection: Connection) -> dict[str, int]:

@@ -1,0 +1,130 @@
+"""Replays settle exactly what they should: discarded stays discarded, event-level and
+suppressed dead letters are closed, and two publishes under one idempotency key send once.
+"""
+
+from dagster import DagsterInstance, ReexecutionOptions, execute_job, reconstructable
+
+from email_platform import publisher
+from email_platform.operations import discard_dead_letters, requeue_dead_letters
+from email_platform.resources import RoutingResource
+from email_platform.store import dead_letters, suppressions
+from email_platform.timeutil import utcnow
+from tests.support import (
+    dead_letters_of,
+    event,
+    messages_of,
+    run_send,
+    sandbox_messages,
+    signup,
+)
+
+
+def _send_job():
+    from email_platform.definitions import build_definitions
+
+    return build_definitions().get_job_def("send_email_job")
+
+
+def test_reexecution_does_not_resend_a_discarded_dead_letter(
+    engine, database_url, sandbox, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("EMAIL_PLATFORM_DATABASE_URL", database_url)
+    monkeypatch.setenv("EMAIL_PLATFORM_SANDBOX_BASE_URL", sandbox.base_url)
+    monkeypatch.setenv(
+        "EMAIL_PLATFORM_LANES", '{"transactional": {"retry_delay_s": 0.01, "max_retries": 1}}'
+    )
+    keep = signup(engine, "u1", email="u1+503x2@example.com")
+    drop = signup(engine, "u2", email="u2+503x2@example.com")
+    (tmp_path / "dagster").mkdir()
+    job = reconstructable(_send_job)
+    with DagsterInstance.local_temp(str(tmp_path / "dagster")) as instance:
+        config = {
+            "ops": {
+                "send_email_batch": {"config": {"lane": "transactional", "event_ids": [keep, drop]}}
+            }
+        }
+        with execute_job(job, instance=instance, run_config=config) as failed:
+            assert not failed.success
+        (dropped,) = dead_letters_of(engine, drop)
+        assert discard_dead_letters(engine, [dropped.dead_letter_id]) == 1
+        with execute_job(
+            job,
+            instance=instance,
+            reexecution_options=ReexecutionOptions.from_failure(failed.run_id, instance),
+        ) as replayed:
+            assert replayed.success
+    assert messages_of(engine, keep)[0].status == "sent"
+    assert messages_of(engine, drop)[0].status == "dead"
+    assert dead_letters_of(engine, drop)[0].status == "discarded"
+    assert event(engine, drop).status == "dead"
+    assert [m["metadata"]["event_id"] for m in sandbox_messages(sandbox.base_url)] == [keep]
+
+
+def test_cli_replay_closes_an_event_level_dead_letter_once_routable(engine, database_url, sandbox):
+    with engine.begin() as connection:
+        newer = publisher.publish(
+            connection,
+            event_type="user.signed_up",
+            event_version=3,
+            aggregate_id="u1",
+            payload={"user_id": "u1", "email": "u1@example.com", "first_name": "Ada"},
+        )
+    assert not run_send(database_url, sandbox.base_url, "transactional", [newer]).success
+    (letter,) = dead_letters_of(engine, newer)
+    assert letter.reason == "unknown_event_version" and letter.message_id is None
+    requeue_dead_letters(engine, [letter])
+    # The deployment now routes v3.
+    routing = RoutingResource(routes_factory="tests.support:routes_with_signup_v3")
+    assert run_send(
+        database_url, sandbox.base_url, "transactional", [newer], routing=routing
+    ).success
+    assert dead_letters_of(engine, newer)[0].status == "replayed"
+    assert messages_of(engine, newer)[0].status == "sent"
+    assert event(engine, newer).status == "done"
+
+
+def test_replay_of_an_address_suppressed_meanwhile_closes_the_letter(engine, database_url, sandbox):
+    event_id = signup(engine, "u1", email="u1+500x9@example.com")
+    lanes = {"transactional": {"retry_delay_s": 0.01, "max_retries": 0}}
+    assert not run_send(
+        database_url, sandbox.base_url, "transactional", [event_id], lanes=lanes
+    ).success
+    with engine.begin() as connection:
+        suppressions.add(
+            connection, "u1+500x9@example.com", reason="complaint", source="test", now=utcnow()
+        )
+        letters = dead_letters.list_letters(connection)
+    requeue_dead_letters(engine, letters)
+    assert run_send(database_url, sandbox.base_url, "transactional", [event_id]).success
+    assert messages_of(engine, event_id)[0].status == "suppressed"
+    assert dead_letters_of(engine, event_id)[0].status == "suppressed"
+    assert sandbox_messages(sandbox.base_url) == []
+
+
+def test_two_publishes_with_one_idempotency_key_send_one_mail(engine, database_url, sandbox):
+    ids = []
+    for attempt in range(2):  # a producer retrying its request publishes twice
+        with engine.begin() as connection:
+            ids.append(
+                publisher.publish(
+                    connection,
+                    event_type="order.paid",
+                    aggregate_id="o1",
+                    idempotency_key="order-o1-paid",
+                    payload={
+                        "order_id": "o1",
+                        "email": "a@example.com",
+                        "first_name": "A",
+                        "items": [],
+                        "total": 0,
+                        "currency": "EUR",
+                        "try": attempt,
+                    },
+                )
+            )
+    assert run_send(database_url, sandbox.base_url, "transactional", ids).success
+    statuses = [messages_of(engine, i)[0].status for i in ids]
+    assert statuses == ["sent", "duplicate"]
+    (seen,) = sandbox_messages(sandbox.base_url)
+    assert seen["idempotency_key"] == "order-o1-paid:receipt"
+    assert [event(engine, i).status for i in ids] == ["done", "done"]
