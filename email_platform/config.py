@@ -6,7 +6,7 @@ another database or provider by setting the environment before calling in.
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 PREFIX = "EMAIL_PLATFORM_"
@@ -50,31 +50,48 @@ def lane_overrides_json(env: Mapping[str, str] | None = None) -> str | None:
 
 @dataclass(frozen=True)
 class ProviderSettings:
-    """The provider to send through, with its base URL and credentials."""
+    """The provider to send through: its base URL, credentials and provider-specific options.
+
+    ``options`` holds every other ``EMAIL_PLATFORM_<PROVIDER>_<NAME>`` variable, keyed by the
+    lower-cased ``<NAME>`` (``EMAIL_PLATFORM_MAILGUN_DOMAIN`` -> ``options["domain"]``).
+    """
 
     name: str
-    base_url: str
+    base_url: str | None
     api_key: str | None
     sender: str
     timeout_s: float
     rate_limit_per_s: float
+    options: dict[str, str] = field(default_factory=dict)
+
+    def option(self, key: str, default: str | None = None) -> str | None:
+        return self.options.get(key, default)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "ProviderSettings":
+    def from_env(
+        cls, env: Mapping[str, str] | None = None, *, provider: str | None = None
+    ) -> "ProviderSettings":
         values = _env(env)
-        name = values.get(PREFIX + "PROVIDER", "sandbox").strip().lower()
+        name = (provider or values.get(PREFIX + "PROVIDER", "sandbox")).strip().lower()
         if name not in PROVIDERS:
             from email_platform.errors import ConfigurationError
 
             raise ConfigurationError(
                 f"{PREFIX}PROVIDER={name!r} is not one of {', '.join(PROVIDERS)}"
             )
-        upper = name.upper()
+        own = f"{PREFIX}{name.upper()}_"
+        options = {
+            key[len(own) :].lower(): value
+            for key, value in values.items()
+            if key.startswith(own) and key[len(own) :] not in ("BASE_URL", "API_KEY")
+        }
+        default_base = "http://127.0.0.1:8025" if name == "sandbox" else None
         return cls(
             name=name,
-            base_url=values.get(f"{PREFIX}{upper}_BASE_URL", "http://127.0.0.1:8025"),
-            api_key=values.get(f"{PREFIX}{upper}_API_KEY"),
+            base_url=values.get(own + "BASE_URL", default_base),
+            api_key=values.get(own + "API_KEY"),
             sender=values.get(PREFIX + "SENDER", "Example <no-reply@example.com>"),
             timeout_s=float(values.get(PREFIX + "PROVIDER_TIMEOUT_S", "10")),
             rate_limit_per_s=float(values.get(PREFIX + "PROVIDER_RATE_LIMIT_PER_S", "0")),
+            options=options,
         )

@@ -1,81 +1,58 @@
 """Adapter for the sandbox provider (``email-platform sandbox serve``): JSON over HTTP."""
 
+from typing import Self
+
 import httpx
 
-from email_platform.classify import classify_exception, classify_response
-from email_platform.errors import TransientError
-from email_platform.providers.base import Accepted, OutgoingEmail, RateLimiter
+from email_platform.config import ProviderSettings
+from email_platform.providers.base import Accepted, OutgoingEmail
+from email_platform.providers.http import HttpProvider, ProviderRequest
 
 
-class SandboxProvider:
+class SandboxProvider(HttpProvider):
     name = "sandbox"
 
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        api_key: str | None = None,
-        timeout_s: float = 10.0,
-        rate_limit_per_s: float = 0.0,
-        max_connections: int = 20,
-        retry_after_cap_s: float = 300.0,
-    ) -> None:
+    def __init__(self, base_url: str, *, api_key: str | None = None, **kwargs) -> None:  # type: ignore[no-untyped-def]
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(
-            base_url=base_url.rstrip("/"),
-            headers=headers,
-            timeout=timeout_s,
-            limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
-            ),
-        )
-        self._limiter = RateLimiter(rate_limit_per_s)
-        self._retry_after_cap_s = retry_after_cap_s
+        super().__init__(base_url, headers=headers, **kwargs)
 
-    def send(self, email: OutgoingEmail) -> Accepted:
-        body = {
-            "from": email.sender,
-            "to": email.to,
-            "subject": email.subject,
-            "text": email.text,
-            "html": email.html,
-            "headers": email.headers,
-            "metadata": {
-                "event_id": email.event_id,
-                "idempotency_key": email.idempotency_key,
-                "template": email.template,
+    @classmethod
+    def from_settings(cls, settings: ProviderSettings, *, max_connections: int) -> Self:
+        return cls(
+            settings.base_url or "http://127.0.0.1:8025",
+            api_key=settings.api_key,
+            timeout_s=settings.timeout_s,
+            rate_limit_per_s=settings.rate_limit_per_s,
+            max_connections=max_connections,
+        )
+
+    def build_request(self, email: OutgoingEmail) -> ProviderRequest:
+        return ProviderRequest(
+            "POST",
+            "/v1/send",
+            headers={"Idempotency-Key": email.idempotency_key},
+            json={
+                "from": email.sender,
+                "to": email.to,
+                "subject": email.subject,
+                "text": email.text,
+                "html": email.html,
+                "headers": email.headers,
+                "metadata": {
+                    "event_id": email.event_id,
+                    "idempotency_key": email.idempotency_key,
+                    "template": email.template,
+                },
+                "tags": [email.template, email.lane],
             },
-            "tags": [email.template, email.lane],
-        }
-        self._limiter.acquire()
-        try:
-            response = self._client.post(
-                "/v1/send", json=body, headers={"Idempotency-Key": email.idempotency_key}
-            )
-        except httpx.HTTPError as exc:
-            raise classify_exception(exc) from exc
-        if response.status_code == 200:
-            try:
-                return Accepted(str(response.json()["id"]), response.status_code)
-            except (ValueError, KeyError) as exc:
-                # Accepted or not, we cannot tell: retrying under the same key is safe.
-                raise TransientError("unreadable 200 answer", status_code=200) from exc
-        code, message = _error_of(response)
-        raise classify_response(
-            response.status_code,
-            response.headers,
-            code=code,
-            message=message,
-            retry_after_cap_s=self._retry_after_cap_s,
         )
 
-    def close(self) -> None:
-        self._client.close()
+    def accepted(self, response: httpx.Response) -> Accepted:
+        return Accepted(str(response.json()["id"]), response.status_code)
 
-
-def _error_of(response: httpx.Response) -> tuple[str | None, str]:
-    try:
-        error = response.json().get("error") or {}
-        return error.get("code"), error.get("message") or error.get("code") or response.text[:200]
-    except (ValueError, AttributeError):
-        return None, response.text[:200]
+    def error_of(self, response: httpx.Response) -> tuple[str | None, str]:
+        try:
+            error = response.json().get("error") or {}
+            return error.get("code"), error.get("message") or error.get("code") or ""
+        except (ValueError, AttributeError):
+            return None, response.text[:200]

@@ -34,10 +34,8 @@ import json
 import os
 import random
 import re
-import socket
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -48,6 +46,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+
+from email_platform.asgi import BackgroundServer, bind, url_for, uvicorn_config
 
 __all__ = ["SandboxConfig", "SandboxServer", "create_app", "serve"]
 
@@ -417,35 +417,7 @@ def create_app(config: SandboxConfig) -> Starlette:
     return app
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    # Binding ourselves (rather than letting uvicorn do it) gives the real port before the
-    # server starts and leaves no window in which another process could grab it.
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
-def _url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-def _uvicorn_config(app: Starlette, shutdown_timeout: float | None) -> uvicorn.Config:
-    return uvicorn.Config(
-        app,
-        log_level="warning",
-        access_log=False,
-        lifespan="off",
-        timeout_graceful_shutdown=shutdown_timeout,
-    )
-
-
-class SandboxServer:
+class SandboxServer(BackgroundServer):
     """Runs the sandbox provider in a daemon thread; ``with SandboxServer(cfg) as url: ...``."""
 
     def __init__(
@@ -457,75 +429,15 @@ class SandboxServer:
         shutdown_timeout: float = 2.0,
     ) -> None:
         self.config = config if config is not None else SandboxConfig()
-        self.host = host
-        self.port = port
-        # Bounded so stop() cannot hang on a request stalled by a long timeout fault.
-        self.shutdown_timeout = shutdown_timeout
-        self.app = create_app(self.config)
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-        self._sock: socket.socket | None = None
-        self._base_url: str | None = None
-
-    @property
-    def base_url(self) -> str:
-        if self._base_url is None:
-            raise RuntimeError("SandboxServer is not started")
-        return self._base_url
-
-    def start(self, timeout: float = 10.0) -> str:
-        """Start serving and return the base URL once the server accepts connections."""
-        if self._thread is not None:
-            raise RuntimeError("SandboxServer already started")
-        sock = _bind(self.host, self.port)
-        port = sock.getsockname()[1]
-        server = uvicorn.Server(_uvicorn_config(self.app, self.shutdown_timeout))
-        thread = threading.Thread(
-            target=server.run,
-            kwargs={"sockets": [sock]},
-            name=f"sandbox-provider-{port}",
-            daemon=True,
-        )
-        self._server, self._thread, self._sock = server, thread, sock
-        thread.start()
-        deadline = time.monotonic() + timeout
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"sandbox provider failed to start on {self.host}:{port}")
-            time.sleep(0.005)
-        self.port = port
-        self._base_url = _url(self.host, port)
-        return self._base_url
-
-    def stop(self) -> None:
-        """Stop the server and wait for its thread; safe to call more than once."""
-        server, thread, sock = self._server, self._thread, self._sock
-        self._server = self._thread = self._sock = None
-        self._base_url = None
-        if server is not None:
-            server.should_exit = True
-        if thread is not None:
-            thread.join(self.shutdown_timeout + 5.0)
-            if thread.is_alive() and server is not None:
-                server.force_exit = True
-                thread.join(5.0)
-        if sock is not None:
-            sock.close()
-
-    def __enter__(self) -> str:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
+        super().__init__(create_app(self.config), host, port, shutdown_timeout=shutdown_timeout)
 
 
 def serve(config: SandboxConfig, host: str, port: int) -> None:
     """Serve the sandbox provider in the foreground until interrupted (CLI entry point)."""
-    sock = _bind(host, port)
-    url = _url(host, sock.getsockname()[1])
+    sock = bind(host, port)
+    url = url_for(host, sock.getsockname()[1])
     print(f"sandbox provider listening on {url}", file=sys.stderr, flush=True)
     try:
-        uvicorn.Server(_uvicorn_config(create_app(config), None)).run(sockets=[sock])
+        uvicorn.Server(uvicorn_config(create_app(config), None)).run(sockets=[sock])
     finally:
         sock.close()

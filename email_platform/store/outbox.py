@@ -108,7 +108,8 @@ def claim(
             .returning(*outbox.c)
         )
         claimed.extend(connection.execute(statement).all())
-    return sorted(claimed, key=lambda row: row.event_id)
+    # Publish order, so the first of two events sharing a dedupe key is the one sent.
+    return sorted(claimed, key=lambda row: (row.published_at, row.event_id))
 
 
 def extend_lease(
