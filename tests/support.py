@@ -54,12 +54,12 @@ def send_job_defs(
     lanes: dict | None = None,
     routing: RoutingResource | None = None,
     timeout_s: float = 5.0,
+    provider: EmailProviderResource | None = None,
 ):  # type: ignore[no-untyped-def]
     return build_definitions(
         app_database=AppDatabase(url=database_url),
-        email_provider=EmailProviderResource(
-            provider="sandbox", base_url=sandbox_url, timeout_s=timeout_s
-        ),
+        email_provider=provider
+        or EmailProviderResource(provider="sandbox", base_url=sandbox_url, timeout_s=timeout_s),
         lane_policy=LanePolicy(overrides_json=json.dumps(lanes or FAST_LANES)),
         routing=routing or RoutingResource(),
     )
@@ -75,9 +75,16 @@ def run_send(
     lanes: dict | None = None,
     routing: RoutingResource | None = None,
     timeout_s: float = 5.0,
+    provider: EmailProviderResource | None = None,
 ) -> ExecuteInProcessResult:
+    """Run the real send job in process; ``provider`` replaces the sandbox (adapter tests)."""
     job = send_job_defs(
-        database_url, sandbox_url, lanes=lanes, routing=routing, timeout_s=timeout_s
+        database_url,
+        sandbox_url,
+        lanes=lanes,
+        routing=routing,
+        timeout_s=timeout_s,
+        provider=provider,
     ).get_job_def("send_email_job")
     return job.execute_in_process(
         run_config={
