@@ -260,6 +260,49 @@ def dlq_discard(
 
 
 @main.group()
+def webhooks() -> None:
+    """The provider webhook receiver and its inbox."""
+
+
+@webhooks.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8026, show_default=True, type=int)
+@click.option("--url", help="SQLAlchemy URL of the application database.")
+def webhooks_serve(host: str, port: int, url: str | None) -> None:
+    """Receive provider webhooks on POST /webhooks/{provider} (verify, store, then 2xx)."""
+    import uvicorn
+
+    from email_platform.webhooks.receiver import create_receiver_app
+
+    app = create_receiver_app(
+        _engine(url),
+        settings=config.webhook_settings(),
+        max_body_bytes=config.webhook_max_body_bytes(),
+    )
+    click.echo(f"webhook receiver on http://{host}:{port}/webhooks/{{provider}}", err=True)
+    uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
+
+
+@webhooks.command("reprocess")
+@click.option("--since", type=click.DateTime(), help="Only webhooks received since (UTC).")
+@click.option("--url", help="SQLAlchemy URL of the application database.")
+def webhooks_reprocess(since, url: str | None) -> None:  # type: ignore[no-untyped-def]
+    """Normalize stored webhooks again (after a mapping fix); applying stays idempotent."""
+    from datetime import UTC
+
+    from email_platform.store import email_events, inbox
+
+    with _engine(url).begin() as connection:
+        ids = inbox.reprocessable_ids(
+            connection, since=since.replace(tzinfo=UTC) if since is not None else None
+        )
+        # The events they produced are rebuilt from the raw bodies by the next ingestion.
+        email_events.delete_for_inbox_rows(connection, ids)
+        count = inbox.requeue(connection, ids)
+    click.echo(f"{count} stored webhook(s) queued for the webhook inbox sensor")
+
+
+@main.group()
 def sandbox() -> None:
     """The local sandbox provider."""
 

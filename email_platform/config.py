@@ -48,6 +48,19 @@ def lane_overrides_json(env: Mapping[str, str] | None = None) -> str | None:
     return _env(env).get(PREFIX + "LANES") or None
 
 
+def webhook_settings(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Every ``EMAIL_PLATFORM_*_WEBHOOK_*`` secret, keyed lower-case without the prefix."""
+    return {
+        key[len(PREFIX) :].lower(): value
+        for key, value in _env(env).items()
+        if key.startswith(PREFIX) and "_WEBHOOK_" in key
+    }
+
+
+def webhook_max_body_bytes(env: Mapping[str, str] | None = None) -> int:
+    return int(_env(env).get(PREFIX + "WEBHOOK_MAX_BODY_BYTES", str(1024 * 1024)))
+
+
 @dataclass(frozen=True)
 class ProviderSettings:
     """The provider to send through: its base URL, credentials and provider-specific options.

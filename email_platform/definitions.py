@@ -3,10 +3,11 @@
 from dagster import Definitions
 
 from email_platform.assets import analytics_assets
-from email_platform.jobs import send_email_job
+from email_platform.jobs import ingest_webhooks_job, send_email_job
 from email_platform.resources import AppDatabase, EmailProviderResource, LanePolicy, RoutingResource
 from email_platform.sensors.outbox import outbox_sensors
-from email_platform.sensors.run_failure import send_run_failure_sensor
+from email_platform.sensors.run_failure import email_run_failure_sensor
+from email_platform.sensors.webhooks import webhook_inbox_sensor
 
 
 def build_definitions(
@@ -18,8 +19,8 @@ def build_definitions(
 ) -> Definitions:
     """Definitions with the given resources; defaults read ``EMAIL_PLATFORM_*`` at run time."""
     return Definitions(
-        jobs=[send_email_job],
-        sensors=[*outbox_sensors, send_run_failure_sensor],
+        jobs=[send_email_job, ingest_webhooks_job],
+        sensors=[*outbox_sensors, webhook_inbox_sensor, email_run_failure_sensor],
         assets=analytics_assets,
         resources={
             "app_database": app_database or AppDatabase(),

@@ -2,6 +2,7 @@
 
 from dagster import job
 
+from email_platform.ops.ingest import ingest_webhook_batch
 from email_platform.ops.send import send_email_batch
 
 
@@ -15,3 +16,14 @@ from email_platform.ops.send import send_email_batch
 )
 def send_email_job() -> None:
     send_email_batch()
+
+
+@job(
+    description=(
+        "Ingests one batch of stored provider webhooks: normalized events, delivery states, "
+        "suppressions. Launched by the webhook inbox sensor; safe to re-execute."
+    ),
+    tags={"email/job": "ingest"},
+)
+def ingest_webhooks_job() -> None:
+    ingest_webhook_batch()

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Row
 
 from email_platform.lanes import LANES
-from email_platform.store import attempts, dead_letters, messages, outbox
+from email_platform.store import attempts, dead_letters, email_events, messages, outbox
 from email_platform.timeutil import as_utc, isoformat, utcnow
 
 
@@ -62,11 +62,14 @@ def trace(engine: Engine, event_id: str) -> dict[str, Any] | None:
                 }
             )
         letters = dead_letters.for_event(connection, event_id)
+        provider_events = email_events.for_event(connection, event_id)
     return {
         "event": _row(event),
         "messages": chain,
-        # Filled by webhook ingestion and the analytics funnel once those land.
-        "provider_events": [],
+        "provider_events": [
+            {k: v for k, v in _row(e).items() if k != "raw"} for e in provider_events
+        ],
+        # Filled once the analytics funnel lands.
         "dead_letters": [_row(d) for d in letters],
         "funnel": None,
     }

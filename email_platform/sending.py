@@ -17,6 +17,7 @@ from sqlalchemy import Engine, Row
 
 from email_platform.classify import classify_exception, is_transient
 from email_platform.errors import (
+    ConfigurationError,
     DeliveryError,
     PermanentError,
     RecipientNotFoundError,
@@ -427,6 +428,9 @@ class BatchSender:
         attempt_no = message.attempts + 1
         try:
             result: Accepted | DeliveryError = future.result()
+        except ConfigurationError:
+            # A wrong setting is the deployment's to fix: fail the run loudly, dead-letter nothing.
+            raise
         except Exception as exc:  # the provider raised: classify, never let one message sink all
             result = classify_exception(exc)
         attempt = {

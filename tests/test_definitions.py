@@ -14,13 +14,17 @@ def test_workspace_points_at_the_definitions_module():
 
 def test_every_job_and_sensor_resolves_with_a_description():
     repository = defs.get_repository_def()
-    assert [job.name for job in repository.get_all_jobs()] == ["send_email_job"]
+    assert sorted(job.name for job in repository.get_all_jobs()) == [
+        "ingest_webhooks_job",
+        "send_email_job",
+    ]
     sensors = {sensor.name: sensor for sensor in repository.sensor_defs}
     assert set(sensors) == {
         "critical_outbox_sensor",
         "transactional_outbox_sensor",
         "bulk_outbox_sensor",
-        "send_run_failure_sensor",
+        "email_run_failure_sensor",
+        "webhook_inbox_sensor",
     }
     for sensor in sensors.values():
         assert sensor.description and len(sensor.description) > 40

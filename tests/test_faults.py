@@ -19,7 +19,7 @@ from dagster import (
 
 from email_platform.providers.sandbox_server import SandboxConfig, SandboxServer
 from email_platform.resources import AppDatabase
-from email_platform.sensors.run_failure import send_run_failure_sensor
+from email_platform.sensors.run_failure import email_run_failure_sensor
 from tests.support import attempts_of, event, run_send, sandbox_messages, sandbox_stats, signup
 
 
@@ -65,13 +65,13 @@ def test_killed_worker_releases_its_claim_and_nothing_is_sent_twice(
             )[0].event_log_entry.dagster_event
             # ... and the failure sensor gives its claim back.
             with build_run_status_sensor_context(
-                sensor_name="send_run_failure_sensor",
+                sensor_name="email_run_failure_sensor",
                 dagster_event=failure,
                 dagster_instance=instance,
                 dagster_run=instance.get_run_by_id(run.run_id),
                 resources={"app_database": AppDatabase(url=database_url)},
             ) as context:
-                send_run_failure_sensor(context)
+                email_run_failure_sensor(context)
         assert all(event(engine, i).status == "pending" for i in ids)
 
         assert run_send(database_url, sandbox_url, "transactional", ids).success

@@ -2,6 +2,7 @@
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     Column,
     DateTime,
     Float,
@@ -80,9 +81,14 @@ email_messages = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
     Column("sent_at", DateTime(timezone=True)),
+    # What the provider told us afterwards (webhooks): the highest-ranked event wins, so any
+    # arrival order ends in the same state and a late "delivered" never hides a bounce.
+    Column("delivery_status", String(20)),
+    Column("delivery_updated_at", DateTime(timezone=True)),
     UniqueConstraint("event_id", "route", name="uq_email_messages_event_route"),
 )
 Index("ix_email_messages_status", email_messages.c.status)
+Index("ix_email_messages_provider_message_id", email_messages.c.provider_message_id)
 
 email_attempts = Table(
     "email_attempts",
@@ -136,3 +142,58 @@ suppressions = Table(
     Column("event_id", String(26)),
     Column("created_at", DateTime(timezone=True), nullable=False),
 )
+
+# Raw webhook bodies exactly as received, stored before the receiver answers 2xx.
+webhook_inbox = Table(
+    "webhook_inbox",
+    metadata,
+    Column("inbox_id", Integer, primary_key=True, autoincrement=True),
+    Column("provider", String(40), nullable=False),
+    Column("received_at", DateTime(timezone=True), nullable=False),
+    # The provider's delivery id (webhook-id, SNS MessageId, Mailgun token ...) when it has one.
+    Column("delivery_id", String(255)),
+    Column("headers", JSON, nullable=False),
+    Column("body", Text, nullable=False),
+    # pending -> in_flight -> processed | malformed | failed
+    Column("status", String(20), nullable=False, server_default="pending"),
+    Column("error", Text),
+    Column("claimed_by", String(64)),
+    Column("lease_expires_at", DateTime(timezone=True)),
+    Column("requested_at", DateTime(timezone=True)),
+    Column("request_count", Integer, nullable=False, server_default="0"),
+    Column("processed_at", DateTime(timezone=True)),
+    UniqueConstraint("provider", "delivery_id", name="uq_webhook_inbox_delivery"),
+)
+Index("ix_webhook_inbox_status", webhook_inbox.c.status, webhook_inbox.c.inbox_id)
+
+# Normalized provider events, one row per provider event, applied once.
+email_events = Table(
+    "email_events",
+    metadata,
+    Column("email_event_id", Integer, primary_key=True, autoincrement=True),
+    Column("provider", String(40), nullable=False),
+    # The provider's own event id, or a stable hash of the event where it gives none.
+    Column("provider_event_id", String(255), nullable=False),
+    # queued | sent | rejected | failed | bounced | deferred | delivered | autoresponded |
+    # opened | clicked | complained | unsubscribed | subscribed | unknown
+    Column("event_type", String(20), nullable=False),
+    Column("occurred_at", DateTime(timezone=True), nullable=False),
+    Column("received_at", DateTime(timezone=True), nullable=False),
+    Column("event_id", String(26)),
+    Column("idempotency_key", String(255)),
+    Column("message_id", Integer),
+    Column("provider_message_id", String(255)),
+    Column("recipient", String(320)),
+    Column("recipient_domain", String(255)),
+    Column("reject_reason", String(255)),
+    # hard | soft for bounces
+    Column("bounce_type", String(20)),
+    Column("click_url", Text),
+    Column("user_agent", Text),
+    Column("machine_open", Boolean),
+    Column("inbox_id", Integer),
+    Column("raw", JSON),
+    UniqueConstraint("provider", "provider_event_id", name="uq_email_events_provider_event"),
+)
+Index("ix_email_events_event_id", email_events.c.event_id)
+Index("ix_email_events_message", email_events.c.message_id)

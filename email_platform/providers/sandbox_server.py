@@ -48,6 +48,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from email_platform.asgi import BackgroundServer, bind, url_for, uvicorn_config
+from email_platform.providers.sandbox_webhooks import WebhookEmitter, WebhookPlan
 
 __all__ = ["SandboxConfig", "SandboxServer", "create_app", "serve"]
 
@@ -66,6 +67,8 @@ class SandboxConfig:
     retry_after_s: float = 1
     timeout_delay_s: float = 30
     seed: int | None = None
+    #: Where to post signed webhooks for accepted messages (None: no webhooks).
+    webhooks: WebhookPlan | None = None
 
 
 FAULT_KINDS = ("429", "500", "503", "timeout", "accept_timeout", "422", "400", "401")
@@ -163,6 +166,7 @@ class _SandboxState:
     def __init__(self, config: SandboxConfig) -> None:
         self.config = config
         self.lock = threading.Lock()
+        self.emitter = WebhookEmitter(config.webhooks, config.seed) if config.webhooks else None
         self.reset()
 
     def reset(self) -> None:
@@ -241,6 +245,8 @@ class _SandboxState:
         body = _dumps({"id": message_id, "accepted_at": accepted_at})
         self.answers[key] = (200, body)
         self.attempts.pop(key, None)
+        if self.emitter is not None:
+            self.emitter.schedule(self.messages[-1])
         return body
 
     def stats(self) -> dict[str, Any]:
@@ -250,6 +256,7 @@ class _SandboxState:
                 "accepted": len(self.messages),
                 "repeated_keys": self.repeated_keys,
                 "faults": dict(self.faults),
+                **(self.emitter.stats if self.emitter else {}),
             }
 
 

@@ -4,9 +4,9 @@ from dagster import DefaultSensorStatus, RunFailureSensorContext, run_failure_se
 from sqlalchemy import update
 
 from email_platform.db.schema import email_outbox
-from email_platform.jobs import send_email_job
+from email_platform.jobs import ingest_webhooks_job, send_email_job
 from email_platform.resources import AppDatabase
-from email_platform.store import outbox
+from email_platform.store import inbox, outbox
 
 # Past this many requests an event that keeps failing to start waits out the lane's request
 # timeout instead of being requested again at once: no tight loop of doomed runs.
@@ -14,20 +14,22 @@ MAX_FAST_REREQUESTS = 5
 
 
 @run_failure_sensor(
-    name="send_run_failure_sensor",
-    monitored_jobs=[send_email_job],
+    name="email_run_failure_sensor",
+    monitored_jobs=[send_email_job, ingest_webhooks_job],
     default_status=DefaultSensorStatus.RUNNING,
     description=(
-        "When a send run fails outside its own error handling (worker killed, out of memory, "
-        "step crashed), releases the events it still held so the lane sensor sends them again "
-        "under the same idempotency keys. Dead letters the run recorded stay as they are."
+        "When a send or ingestion run fails outside its own error handling (worker killed, out "
+        "of memory, step crashed), releases what it still held: outbox events go back to their "
+        "lane sensor (same idempotency keys), stored webhooks back to the inbox sensor. Dead "
+        "letters the run recorded stay as they are."
     ),
 )
-def send_run_failure_sensor(context: RunFailureSensorContext, app_database: AppDatabase) -> None:
+def email_run_failure_sensor(context: RunFailureSensorContext, app_database: AppDatabase) -> None:
     run = context.dagster_run
     released: list[str] = []
     with app_database.get_engine().begin() as connection:
         released = outbox.release_run(connection, run.run_id)
+        inbox.release_run(connection, run.run_id)
         config = (run.run_config or {}).get("ops", {}).get("send_email_batch", {}).get("config", {})
         event_ids = list(config.get("event_ids", []))
         if event_ids:

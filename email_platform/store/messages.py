@@ -138,3 +138,42 @@ def counts_by_status(connection: Connection) -> dict[str, int]:
     counts = dict.fromkeys(MESSAGE_STATUSES, 0)
     counts.update({status: n for status, n in rows})
     return counts
+
+
+def find_for_provider_event(
+    connection: Connection,
+    *,
+    idempotency_key: str | None,
+    event_id: str | None,
+    provider_message_id: str | None,
+) -> Row | None:
+    """The message a provider event is about: by our key, else our event id, else theirs."""
+    if idempotency_key:
+        row = connection.execute(
+            select(messages).where(messages.c.idempotency_key == idempotency_key)
+        ).first()
+        if row is not None:
+            return row
+    if provider_message_id:
+        row = connection.execute(
+            select(messages).where(messages.c.provider_message_id == provider_message_id)
+        ).first()
+        if row is not None:
+            return row
+    if event_id:
+        rows = connection.execute(
+            select(messages).where(messages.c.event_id == event_id, messages.c.status == SENT)
+        ).all()
+        if len(rows) == 1:
+            return rows[0]
+    return None
+
+
+def set_delivery_status(
+    connection: Connection, message_id: int, delivery_status: str, now: datetime
+) -> None:
+    connection.execute(
+        update(messages)
+        .where(messages.c.message_id == message_id)
+        .values(delivery_status=delivery_status, delivery_updated_at=now)
+    )

@@ -3,11 +3,13 @@
 from collections.abc import Iterable
 from datetime import datetime
 
-from sqlalchemy import Connection, insert, select
+from sqlalchemy import Connection, insert, select, update
 
 from email_platform.db.schema import suppressions
 
 HARD_BOUNCE, COMPLAINT, UNSUBSCRIBE, MANUAL = "hard_bounce", "complaint", "unsubscribe", "manual"
+# The strongest reason is kept, so the result does not depend on which event came first.
+STRENGTH = {UNSUBSCRIBE: 1, HARD_BOUNCE: 2, COMPLAINT: 3, MANUAL: 4}
 
 
 def normalize(address: str) -> str:
@@ -23,12 +25,18 @@ def add(
     now: datetime,
     event_id: str | None = None,
 ) -> bool:
-    """Suppress ``address``; returns False if it already was (the first reason stays)."""
+    """Suppress ``address``; returns False if it already was (the strongest reason stays)."""
     key = normalize(address)
-    exists = connection.execute(
-        select(suppressions.c.address).where(suppressions.c.address == key)
-    ).first()
-    if exists:
+    current = connection.execute(
+        select(suppressions.c.reason).where(suppressions.c.address == key)
+    ).scalar()
+    if current is not None:
+        if STRENGTH.get(reason, 0) > STRENGTH.get(current, 0):
+            connection.execute(
+                update(suppressions)
+                .where(suppressions.c.address == key)
+                .values(reason=reason, source=source, event_id=event_id)
+            )
         return False
     connection.execute(
         insert(suppressions).values(

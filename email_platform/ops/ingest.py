@@ -1,0 +1,43 @@
+"""The ingestion op: normalize one batch of stored webhooks and apply each event once."""
+
+from dagster import (
+    Backoff,
+    Config,
+    Jitter,
+    MetadataValue,
+    OpExecutionContext,
+    RetryPolicy,
+    op,
+)
+
+from email_platform.ingestion import WebhookIngestor
+from email_platform.resources import AppDatabase
+
+
+class IngestBatchConfig(Config):
+    inbox_ids: list[int]
+
+
+@op(
+    retry_policy=RetryPolicy(
+        max_retries=3, delay=2.0, backoff=Backoff.EXPONENTIAL, jitter=Jitter.FULL
+    ),
+    tags={"kind": "email"},
+)
+def ingest_webhook_batch(
+    context: OpExecutionContext, config: IngestBatchConfig, app_database: AppDatabase
+) -> dict:
+    """Claim a batch of raw webhooks from the inbox, normalize each provider's payload into
+    the tracking vocabulary, store every provider event once, move each message's delivery
+    state forward, and suppress addresses that hard-bounced, complained or unsubscribed.
+    """
+    outcome = WebhookIngestor(app_database.get_engine(), log=context.log).run(
+        config.inbox_ids, run_id=context.run_id
+    )
+    summary = outcome.as_metadata()
+    context.log.info(
+        f"inbox {config.inbox_ids[0]}..{config.inbox_ids[-1]}: "
+        + " ".join(f"{k}={v}" for k, v in summary.items())
+    )
+    context.add_output_metadata({k: MetadataValue.int(v) for k, v in summary.items()})
+    return summary

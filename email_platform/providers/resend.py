@@ -1,0 +1,167 @@
+"""Adapter for Resend's send-email API: ``POST https://api.resend.com/emails``.
+
+Documented at https://resend.com/docs/api-reference/emails/send-email,
+https://resend.com/docs/dashboard/emails/idempotency-keys,
+https://resend.com/docs/api-reference/errors and
+https://resend.com/docs/api-reference/rate-limit. The request is JSON with
+``Authorization: Bearer <api key>`` and ``Idempotency-Key: <idempotency_key>``; the body
+carries ``from``, ``to`` (a list), ``subject``, ``text``, ``html``, ``headers`` (an object) and
+``tags`` (a list of ``{"name", "value"}``: ``event_id``, ``idempotency_key``, ``template``,
+``lane``), which is where the webhook normalizer reads ``event_id`` back.
+
+Resend tag names and values may hold only ASCII letters, digits, ``_`` and ``-`` (at most 256
+characters), so every other character is replaced by ``_`` (:func:`tag_value`): an event id
+(a ULID) is unchanged, an idempotency key ``01J…:welcome`` travels as ``01J…_welcome`` in its
+tag, and exactly as is in the ``Idempotency-Key`` header. A webhook normalizer matching on
+the key must compare ``tag_value(key)``.
+
+Resend honours the ``Idempotency-Key`` for 24 hours: a retry with the same key and payload
+gets the first answer and sends nothing, so the one accepted window of DESIGN.md invariant 3
+is closed for Resend.
+
+A 200 answer is ``{"id": "..."}``. Errors are ``{"statusCode", "name", "message"}`` and the
+``name`` is kept as the dead letter's error code:
+
+* transient: 429 ``rate_limit_exceeded`` (waits ``retry-after``, else ``ratelimit-reset``),
+  409 ``concurrent_idempotent_requests`` (the first request with the key is still in
+  flight), 5xx ``application_error`` / ``internal_server_error``, timeouts, network errors;
+* permanent: 400 ``validation_error`` / ``invalid_idempotency_key``, 401
+  ``missing_api_key`` / ``restricted_api_key``, 403 ``invalid_api_key`` /
+  ``validation_error``, 404, 405, 409 ``invalid_idempotent_request`` (same key, different
+  payload), 422 ``validation_error`` / ``missing_required_field`` / ``invalid_from_address``
+  / ..., 451 ``security_error``;
+* 429 ``daily_quota_exceeded`` / ``monthly_quota_exceeded`` are **permanent** on purpose:
+  the quota resets with the day or month (or a plan change), far beyond any retry budget
+  here (``Retry-After`` is capped at minutes), so retrying would only burn the lane's
+  retries, hold the run and hit the same wall. The message goes straight to
+  ``dead_letters`` with the quota code, and the operator replays it
+  (``email-platform dlq replay``, same idempotency key) once sending is possible again.
+"""
+
+import re
+from typing import Any, Self
+
+import httpx
+
+from email_platform.classify import classify_response, parse_retry_after
+from email_platform.config import ProviderSettings
+from email_platform.errors import (
+    ConfigurationError,
+    DeliveryError,
+    ProviderRejectedError,
+    TransientError,
+)
+from email_platform.providers.base import Accepted, OutgoingEmail
+from email_platform.providers.http import HttpProvider, ProviderRequest
+
+DEFAULT_BASE_URL = "https://api.resend.com"
+
+#: Error names that are worth retrying whatever their status code.
+TRANSIENT_ERRORS = frozenset(
+    {
+        "rate_limit_exceeded",
+        "concurrent_idempotent_requests",
+        "application_error",
+        "internal_server_error",
+    }
+)
+#: 429s that no retry within a run can fix (see the module docstring).
+QUOTA_ERRORS = frozenset({"daily_quota_exceeded", "monthly_quota_exceeded"})
+
+_TAG_DISALLOWED = re.compile(r"[^A-Za-z0-9_-]")
+TAG_MAX_LENGTH = 256
+
+
+def tag_value(value: str) -> str:
+    """``value`` as Resend accepts it in a tag name or value: ``[A-Za-z0-9_-]{1,256}``."""
+    return _TAG_DISALLOWED.sub("_", value)[:TAG_MAX_LENGTH] or "_"
+
+
+class ResendProvider(HttpProvider):
+    name = "resend"
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_BASE_URL,
+        *,
+        api_key: str,
+        **kwargs: Any,
+    ) -> None:
+        if not api_key:
+            raise ConfigurationError("resend needs an API key (EMAIL_PLATFORM_RESEND_API_KEY)")
+        super().__init__(base_url, headers={"Authorization": f"Bearer {api_key}"}, **kwargs)
+
+    @classmethod
+    def from_settings(cls, settings: ProviderSettings, *, max_connections: int) -> Self:
+        if not settings.api_key:
+            raise ConfigurationError("EMAIL_PLATFORM_RESEND_API_KEY is not set")
+        return cls(
+            settings.base_url or DEFAULT_BASE_URL,
+            api_key=settings.api_key,
+            timeout_s=settings.timeout_s,
+            rate_limit_per_s=settings.rate_limit_per_s,
+            max_connections=max_connections,
+        )
+
+    def build_request(self, email: OutgoingEmail) -> ProviderRequest:
+        body: dict = {
+            "from": email.sender,
+            "to": [email.to],
+            "subject": email.subject,
+            "text": email.text,
+        }
+        if email.html is not None:
+            body["html"] = email.html
+        if email.headers:
+            body["headers"] = dict(email.headers)
+        body["tags"] = [
+            {"name": "event_id", "value": tag_value(email.event_id)},
+            {"name": "idempotency_key", "value": tag_value(email.idempotency_key)},
+            {"name": "template", "value": tag_value(email.template)},
+            {"name": "lane", "value": tag_value(email.lane)},
+        ]
+        return ProviderRequest(
+            "POST",
+            "/emails",
+            headers={"Idempotency-Key": email.idempotency_key},
+            json=body,
+        )
+
+    def accepted(self, response: httpx.Response) -> Accepted:
+        return Accepted(str(response.json()["id"]), response.status_code)
+
+    def error_of(self, response: httpx.Response) -> tuple[str | None, str]:
+        try:
+            body = response.json()
+        except ValueError:
+            return None, response.text[:300]
+        if not isinstance(body, dict):
+            return None, str(body)[:300]
+        name = body.get("name")
+        return (str(name) if name else None), str(body.get("message") or "")
+
+    def retry_after_s(self, response: httpx.Response) -> float | None:
+        """``retry-after`` when given, else ``ratelimit-reset`` (both in seconds)."""
+        for header in ("retry-after", "ratelimit-reset"):
+            seconds = parse_retry_after(response.headers.get(header), cap_s=self.retry_after_cap_s)
+            if seconds is not None:
+                return seconds
+        return None
+
+    def classify(self, response: httpx.Response) -> DeliveryError:
+        name, message = self.error_of(response)
+        status = response.status_code
+        text = f"HTTP {status}: {name}: {message}" if name else f"HTTP {status}: {message}"
+        if name in QUOTA_ERRORS:
+            return ProviderRejectedError(text, status_code=status, code=name)
+        if name in TRANSIENT_ERRORS or status == 429 or status >= 500:
+            return TransientError(
+                text, status_code=status, code=name, retry_after_s=self.retry_after_s(response)
+            )
+        return classify_response(
+            status,
+            response.headers,
+            code=name,
+            message=f"{name}: {message}" if name else message,
+            retry_after_cap_s=self.retry_after_cap_s,
+        )

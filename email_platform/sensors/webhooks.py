@@ -1,0 +1,61 @@
+"""The webhook inbox sensor: stored webhooks become batched ingestion runs."""
+
+from dagster import (
+    DefaultSensorStatus,
+    RunRequest,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    sensor,
+)
+
+from email_platform.jobs import ingest_webhooks_job
+from email_platform.resources import AppDatabase
+from email_platform.store import inbox
+from email_platform.timeutil import utcnow
+
+BATCH_SIZE = 500
+MAX_RUNS_PER_TICK = 4
+REQUEST_TIMEOUT_S = 300
+
+
+@sensor(
+    name="webhook_inbox_sensor",
+    job=ingest_webhooks_job,
+    minimum_interval_seconds=5,
+    default_status=DefaultSensorStatus.RUNNING,
+    description=(
+        f"Polls the webhook inbox for stored provider webhooks and requests ingestion runs in "
+        f"batches of up to {BATCH_SIZE}. Each run normalizes, dedupes and applies the events."
+    ),
+)
+def webhook_inbox_sensor(
+    context: SensorEvaluationContext, app_database: AppDatabase
+) -> SensorResult | SkipReason:
+    now = utcnow()
+    with app_database.get_engine().begin() as connection:
+        rows = inbox.find_requestable(
+            connection, now, REQUEST_TIMEOUT_S, BATCH_SIZE * MAX_RUNS_PER_TICK
+        )
+        if not rows:
+            return SkipReason("No stored webhooks waiting for ingestion.")
+        requests: list[RunRequest] = []
+        for start in range(0, len(rows), BATCH_SIZE):
+            batch = rows[start : start + BATCH_SIZE]
+            ids = [r.inbox_id for r in batch]
+            round_ = max(r.request_count for r in batch)
+            key = f"webhooks:{ids[0]}:{ids[-1]}" + (f":r{round_}" if round_ else "")
+            requests.append(
+                RunRequest(
+                    run_key=key,
+                    run_config={"ops": {"ingest_webhook_batch": {"config": {"inbox_ids": ids}}}},
+                    tags={
+                        "email/lane": "webhooks",
+                        "email/batch_size": str(len(ids)),
+                        "email/first_inbox_id": str(ids[0]),
+                        "email/last_inbox_id": str(ids[-1]),
+                    },
+                )
+            )
+        inbox.mark_requested(connection, [r.inbox_id for r in rows], now)
+    return SensorResult(run_requests=requests)

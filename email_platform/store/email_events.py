@@ -1,0 +1,53 @@
+"""Reads and writes of ``email_events``: normalized provider events, each stored once."""
+
+from typing import Any
+
+from sqlalchemy import Connection, Row, delete, insert, select
+from sqlalchemy.exc import IntegrityError
+
+from email_platform.db.schema import email_events
+
+
+def add(connection: Connection, values: dict[str, Any]) -> bool:
+    """Store one provider event; False if (provider, provider_event_id) is already there."""
+    try:
+        with connection.begin_nested():
+            connection.execute(insert(email_events).values(**values))
+        return True
+    except IntegrityError:
+        return False
+
+
+def for_event(connection: Connection, event_id: str) -> list[Row]:
+    return list(
+        connection.execute(
+            select(email_events)
+            .where(email_events.c.event_id == event_id)
+            .order_by(email_events.c.occurred_at, email_events.c.email_event_id)
+        ).all()
+    )
+
+
+def for_message(connection: Connection, message_id: int) -> list[Row]:
+    return list(
+        connection.execute(
+            select(email_events)
+            .where(email_events.c.message_id == message_id)
+            .order_by(email_events.c.occurred_at, email_events.c.email_event_id)
+        ).all()
+    )
+
+
+def types_for_message(connection: Connection, message_id: int) -> list[str]:
+    return list(
+        connection.execute(
+            select(email_events.c.event_type).where(email_events.c.message_id == message_id)
+        ).scalars()
+    )
+
+
+def delete_for_inbox_rows(connection: Connection, inbox_ids: list[int]) -> int:
+    """Forget what these stored webhooks produced, so they can be normalized afresh."""
+    return connection.execute(
+        delete(email_events).where(email_events.c.inbox_id.in_(inbox_ids))
+    ).rowcount

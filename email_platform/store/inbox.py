@@ -1,0 +1,153 @@
+"""Reads and writes of ``webhook_inbox``: raw bodies in, claimed batches out."""
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Row, and_, func, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
+
+from email_platform.db.schema import webhook_inbox as inbox
+
+PENDING, IN_FLIGHT, PROCESSED, MALFORMED, FAILED = (
+    "pending",
+    "in_flight",
+    "processed",
+    "malformed",
+    "failed",
+)
+
+
+def store(
+    connection: Connection,
+    *,
+    provider: str,
+    delivery_id: str | None,
+    headers: dict[str, str],
+    body: str,
+    now: datetime,
+    status: str = PENDING,
+    error: str | None = None,
+) -> int | None:
+    """Insert a received body; None if this provider delivery id is already stored."""
+    values: dict[str, Any] = {
+        "provider": provider,
+        "delivery_id": delivery_id,
+        "headers": headers,
+        "body": body,
+        "received_at": now,
+        "status": status,
+        "error": error,
+    }
+    try:
+        with connection.begin_nested():
+            return connection.execute(
+                insert(inbox).values(**values).returning(inbox.c.inbox_id)
+            ).scalar_one()
+    except IntegrityError:
+        if delivery_id is None:
+            raise
+        return None
+
+
+def find_requestable(
+    connection: Connection, now: datetime, request_timeout_s: int, limit: int
+) -> Sequence[Row]:
+    stale = now - timedelta(seconds=request_timeout_s)
+    return connection.execute(
+        select(inbox.c.inbox_id, inbox.c.request_count)
+        .where(
+            or_(
+                and_(
+                    inbox.c.status == PENDING,
+                    or_(inbox.c.requested_at.is_(None), inbox.c.requested_at < stale),
+                ),
+                and_(inbox.c.status == IN_FLIGHT, inbox.c.lease_expires_at < now),
+            )
+        )
+        .order_by(inbox.c.inbox_id)
+        .limit(limit)
+    ).all()
+
+
+def mark_requested(connection: Connection, inbox_ids: Sequence[int], now: datetime) -> None:
+    connection.execute(
+        update(inbox)
+        .where(inbox.c.inbox_id.in_(list(inbox_ids)))
+        .values(requested_at=now, request_count=inbox.c.request_count + 1)
+    )
+
+
+def claim(
+    connection: Connection,
+    inbox_ids: Sequence[int],
+    *,
+    run_id: str,
+    lease_s: int,
+    now: datetime,
+) -> list[Row]:
+    claimable = and_(
+        inbox.c.inbox_id.in_(list(inbox_ids)),
+        or_(
+            inbox.c.status == PENDING,
+            and_(
+                inbox.c.status == IN_FLIGHT,
+                or_(inbox.c.claimed_by == run_id, inbox.c.lease_expires_at < now),
+            ),
+        ),
+    )
+    if connection.dialect.name == "postgresql":
+        locked = select(inbox.c.inbox_id).where(claimable).with_for_update(skip_locked=True)
+        target = inbox.c.inbox_id.in_(locked.scalar_subquery())
+    else:
+        target = claimable
+    rows = connection.execute(
+        update(inbox)
+        .where(target)
+        .values(
+            status=IN_FLIGHT, claimed_by=run_id, lease_expires_at=now + timedelta(seconds=lease_s)
+        )
+        .returning(*inbox.c)
+    ).all()
+    return sorted(rows, key=lambda r: r.inbox_id)
+
+
+def finish(
+    connection: Connection, inbox_id: int, *, status: str, error: str | None, now: datetime
+) -> None:
+    connection.execute(
+        update(inbox)
+        .where(inbox.c.inbox_id == inbox_id)
+        .values(status=status, error=error, processed_at=now, lease_expires_at=None)
+    )
+
+
+def release_run(connection: Connection, run_id: str) -> int:
+    return connection.execute(
+        update(inbox)
+        .where(inbox.c.claimed_by == run_id, inbox.c.status == IN_FLIGHT)
+        .values(status=PENDING, lease_expires_at=None, requested_at=None)
+    ).rowcount
+
+
+def counts_by_status(connection: Connection) -> dict[str, int]:
+    rows = connection.execute(select(inbox.c.status, func.count()).group_by(inbox.c.status)).all()
+    return {status: n for status, n in rows}
+
+
+def reprocessable_ids(connection: Connection, *, since: datetime | None = None) -> list[int]:
+    query = select(inbox.c.inbox_id).where(inbox.c.status.in_([PROCESSED, FAILED, MALFORMED]))
+    if since is not None:
+        query = query.where(inbox.c.received_at >= since)
+    return list(connection.execute(query).scalars())
+
+
+def requeue(connection: Connection, inbox_ids: list[int]) -> int:
+    """Send stored bodies through normalization again (after a mapping fix)."""
+    if not inbox_ids:
+        return 0
+    return connection.execute(
+        update(inbox)
+        .where(inbox.c.inbox_id.in_(inbox_ids))
+        .values(status=PENDING, requested_at=None, processed_at=None, error=None)
+    ).rowcount

@@ -1,0 +1,1 @@
+"""Provider webhooks: verify, store raw, normalize into one vocabulary, apply once."""

@@ -1,0 +1,137 @@
+"""The webhook receiver: ``POST /webhooks/{provider}``.
+
+Order matters: verify the signature (401, nothing stored), read at most the size limit (413),
+store the raw body durably, and only then answer 2xx. A body that verifies but cannot be read
+is stored as ``malformed`` for inspection and answered 400. A database that cannot take the
+write answers 503, so the provider keeps the event and retries.
+"""
+
+import logging
+from collections.abc import Callable, Mapping
+from datetime import datetime
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from email_platform.errors import ConfigurationError
+from email_platform.store import inbox
+from email_platform.timeutil import utcnow
+from email_platform.webhooks import registry
+from email_platform.webhooks.errors import WebhookMalformed, WebhookRejected
+
+log = logging.getLogger(__name__)
+
+# Headers worth keeping next to the body (signatures, ids, content type) - not cookies.
+_KEPT_HEADERS = (
+    "content-type",
+    "user-agent",
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
+    "x-twilio-email-event-webhook-signature",
+    "x-twilio-email-event-webhook-timestamp",
+    "x-amz-sns-message-type",
+    "x-amz-sns-message-id",
+    "x-amz-sns-topic-arn",
+)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _read_limited(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise _TooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def create_receiver_app(
+    engine: Engine,
+    *,
+    settings: Mapping[str, str],
+    max_body_bytes: int = 1024 * 1024,
+    providers: Mapping[str, registry.WebhookProvider] | None = None,
+    clock: Callable[[], datetime] = utcnow,
+) -> Starlette:
+    """``settings`` holds the webhook secrets (``config.webhook_settings()``)."""
+    known = dict(providers or registry.PROVIDERS)
+    verifiers: dict[str, registry.Verifier] = {}
+
+    def verifier_for(name: str) -> registry.Verifier:
+        if name not in verifiers:
+            verifiers[name] = known[name].verifier(settings)
+        return verifiers[name]
+
+    async def receive(request: Request) -> JSONResponse:
+        name = request.path_params["provider"]
+        if name not in known:
+            return JSONResponse({"error": f"unknown provider {name!r}"}, status_code=404)
+        try:
+            body = await _read_limited(request, max_body_bytes)
+        except _TooLarge:
+            return JSONResponse({"error": "body too large"}, status_code=413)
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        try:
+            delivery_id = verifier_for(name).verify(headers, body, clock())
+        except ConfigurationError as exc:
+            log.error("webhook receiver for %s is not configured: %s", name, exc)
+            return JSONResponse({"error": "receiver not configured"}, status_code=503)
+        except WebhookRejected as exc:
+            return JSONResponse({"error": exc.reason}, status_code=401)
+
+        status, error = inbox.PENDING, None
+        try:
+            text = body.decode("utf-8")
+            known[name].normalize(body)
+        except (UnicodeDecodeError, WebhookMalformed) as exc:
+            text = body.decode("utf-8", errors="replace")
+            status, error = inbox.MALFORMED, str(exc) or type(exc).__name__
+        kept = {k: v for k, v in headers.items() if k in _KEPT_HEADERS}
+
+        def store() -> int | None:
+            with engine.begin() as connection:
+                return inbox.store(
+                    connection,
+                    provider=name,
+                    delivery_id=delivery_id,
+                    headers=kept,
+                    body=text,
+                    now=clock(),
+                    status=status,
+                    error=error,
+                )
+
+        try:
+            inbox_id = await run_in_threadpool(store)
+        except SQLAlchemyError as exc:
+            log.error("webhook inbox unavailable: %s", exc)
+            return JSONResponse({"error": "storage unavailable, retry later"}, status_code=503)
+        if status == inbox.MALFORMED:
+            return JSONResponse({"error": error, "inbox_id": inbox_id}, status_code=400)
+        if inbox_id is None:
+            return JSONResponse({"status": "duplicate"}, status_code=200)
+        return JSONResponse({"status": "stored", "inbox_id": inbox_id}, status_code=200)
+
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse({"ok": True, "providers": sorted(known)})
+
+    return Starlette(
+        routes=[
+            Route("/webhooks/{provider}", receive, methods=["POST"]),
+            Route("/health", health, methods=["GET"]),
+        ]
+    )
