@@ -4,6 +4,7 @@ SQLite application database, local Dagster storage and the sandbox provider (wit
 free loopback port; a real ``dagster-daemon`` ticks the lane sensors and launches the runs.
 """
 
+import base64
 import os
 import random
 import statistics
@@ -13,15 +14,26 @@ from datetime import timedelta
 from pathlib import Path
 
 import click
+import httpx
 from sqlalchemy import Column, Engine, MetaData, String, Table, func, insert, select
 
 from email_platform import config, publish
+from email_platform.asgi import BackgroundServer
 from email_platform.db.engine import make_engine, upgrade
-from email_platform.db.schema import dead_letters, email_attempts, email_messages, email_outbox
+from email_platform.db.schema import (
+    dead_letters,
+    email_attempts,
+    email_events,
+    email_messages,
+    email_outbox,
+)
+from email_platform.db.schema import suppressions as suppression_table
 from email_platform.local_dagster import DaemonProcess
 from email_platform.providers.sandbox_server import SandboxConfig, SandboxServer
+from email_platform.providers.sandbox_webhooks import WebhookPlan
 from email_platform.store import suppressions
 from email_platform.timeutil import as_utc, utcnow
+from email_platform.webhooks.receiver import create_receiver_app
 
 # The product's own business table: publish() writes next to it, in the same transaction.
 _product = MetaData()
@@ -205,6 +217,14 @@ def summarize(engine: Engine, event_ids: list[str]) -> dict:
         }
         tries = [a for a in connection.execute(select(email_attempts)).all() if a.event_id in ids]
         letters = [d for d in connection.execute(select(dead_letters)).all() if d.event_id in ids]
+        provider_events = [
+            e for e in connection.execute(select(email_events)).all() if e.event_id in ids
+        ]
+        new_suppressions = connection.execute(
+            select(func.count())
+            .select_from(suppression_table)
+            .where(suppression_table.c.event_id.in_(list(ids)))
+        ).scalar_one()
     status = Counter(m.status for m in msgs)
     retried = {a.message_id for a in tries if a.outcome == "transient"}
     latency: dict[str, list[float]] = {}
@@ -222,6 +242,16 @@ def summarize(engine: Engine, event_ids: list[str]) -> dict:
         "dead_letters": Counter(d.reason for d in letters),
         "latency": {lane: _percentiles(values) for lane, values in sorted(latency.items())},
         "not_done": sum(1 for e in events.values() if e.status not in ("done", "dead")),
+        # Whether the provider saw it at all, per kind (a message counts once per kind).
+        "delivery": Counter(
+            kind for _, kind in {(e.message_id, e.event_type) for e in provider_events}
+        ),
+        "opens": Counter(
+            "machine" if e.machine_open else "human"
+            for e in provider_events
+            if e.event_type == "opened"
+        ),
+        "new_suppressions": new_suppressions,
     }
 
 
@@ -229,6 +259,22 @@ def _percentiles(values: list[float]) -> tuple[float, float]:
     ordered = sorted(values)
     p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
     return statistics.median(ordered), p95
+
+
+def _inbox_backlog(engine: Engine) -> int:
+    from email_platform.store import inbox
+
+    with engine.connect() as connection:
+        counts = inbox.counts_by_status(connection)
+    return counts.get(inbox.PENDING, 0) + counts.get(inbox.IN_FLIGHT, 0)
+
+
+def _webhooks_settled(sandbox_url: str, engine: Engine) -> bool:
+    """The sandbox has posted everything it planned and the inbox has been ingested."""
+    stats = httpx.get(f"{sandbox_url}/_sandbox/stats", timeout=5).json()
+    posted = stats.get("webhooks_delivered", 0)
+    planned = stats.get("webhooks_planned", 0) + stats.get("webhooks_duplicated", 0)
+    return posted >= planned and _inbox_backlog(engine) == 0
 
 
 def run_demo(
@@ -243,44 +289,59 @@ def run_demo(
     click.echo(f"email-platform demo: database {database_url}")
     upgrade(engine)
     tag = utcnow().strftime("d%H%M%S")
-    sandbox_config = SandboxConfig(rate_429=0.02, rate_5xx=0.02, retry_after_s=1, seed=11)
-    with SandboxServer(sandbox_config) as sandbox_url:
-        click.echo(f"sandbox provider on {sandbox_url} (random 429/5xx faults, some rejects)")
-        env = {
-            config.PREFIX + "HOME": str(home),
-            config.PREFIX + "DATABASE_URL": database_url,
-            config.PREFIX + "PROVIDER": "sandbox",
-            config.PREFIX + "SANDBOX_BASE_URL": sandbox_url,
-            # Short waits so retries show within the demo.
-            config.PREFIX + "LANES": '{"critical": {"retry_delay_s": 0.5}, '
-            '"transactional": {"retry_delay_s": 1.0}, "bulk": {"retry_delay_s": 1.0}}',
-        }
-        with DaemonProcess(dagster_home, env) as daemon:
-            click.echo(f"dagster-daemon starting (DAGSTER_HOME={dagster_home}) ...")
-            if not daemon.wait_until_ticking():
-                click.echo(f"dagster-daemon did not come up; see {daemon.log_path}", err=True)
-                return 1
-            click.echo("sensors are ticking; publishing ...")
-            event_ids = publish_demo_events(engine, tag, signups, resets, receipts, digests)
-            click.echo(f"published {len(event_ids)} events through publish(); draining ...")
-            started = time.monotonic()
-            counts = _event_counts(engine, event_ids)
-            while time.monotonic() - started < timeout_s:
-                counts = _event_counts(engine, event_ids)
-                finished = counts["done"] + counts["dead"]
-                click.echo(
-                    f"  {time.monotonic() - started:5.0f}s  pending={counts['pending']} "
-                    f"in_flight={counts['in_flight']} done={counts['done']} "
-                    f"dead={counts['dead']}  ({finished}/{len(event_ids)})"
-                )
-                if finished == len(event_ids):
-                    break
-                if not daemon.alive():
-                    click.echo("dagster-daemon exited; see " + str(daemon.log_path), err=True)
-                    break
-                time.sleep(2)
-            elapsed = time.monotonic() - started
-        report = summarize(engine, event_ids)
+    secret = "whsec_" + base64.b64encode(os.urandom(24)).decode()
+    receiver = BackgroundServer(
+        create_receiver_app(engine, settings={"sandbox_webhook_secret": secret})
+    )
+    receiver_url = receiver.start()
+    click.echo(f"webhook receiver on {receiver_url}/webhooks/sandbox")
+    sandbox_config = SandboxConfig(
+        rate_429=0.02,
+        rate_5xx=0.02,
+        retry_after_s=1,
+        seed=11,
+        webhooks=WebhookPlan(webhook_url=f"{receiver_url}/webhooks/sandbox", secret=secret),
+    )
+    try:
+        with SandboxServer(sandbox_config) as sandbox_url:
+            click.echo(f"sandbox provider on {sandbox_url} (429/5xx faults, rejects, webhooks)")
+            env = {
+                config.PREFIX + "HOME": str(home),
+                config.PREFIX + "DATABASE_URL": database_url,
+                config.PREFIX + "PROVIDER": "sandbox",
+                config.PREFIX + "SANDBOX_BASE_URL": sandbox_url,
+                # Short waits so retries show within the demo.
+                config.PREFIX + "LANES": '{"critical": {"retry_delay_s": 0.5}, '
+                '"transactional": {"retry_delay_s": 1.0}, "bulk": {"retry_delay_s": 1.0}}',
+            }
+            with DaemonProcess(dagster_home, env) as daemon:
+                click.echo(f"dagster-daemon starting (DAGSTER_HOME={dagster_home}) ...")
+                if not daemon.wait_until_ticking():
+                    click.echo(f"dagster-daemon did not come up; see {daemon.log_path}", err=True)
+                    return 1
+                click.echo("sensors are ticking; publishing ...")
+                event_ids = publish_demo_events(engine, tag, signups, resets, receipts, digests)
+                click.echo(f"published {len(event_ids)} events through publish(); draining ...")
+                started = time.monotonic()
+                while time.monotonic() - started < timeout_s:
+                    counts = _event_counts(engine, event_ids)
+                    finished = counts["done"] + counts["dead"]
+                    click.echo(
+                        f"  {time.monotonic() - started:5.0f}s  pending={counts['pending']} "
+                        f"in_flight={counts['in_flight']} done={counts['done']} "
+                        f"dead={counts['dead']}  ({finished}/{len(event_ids)})  "
+                        f"webhooks waiting={_inbox_backlog(engine)}"
+                    )
+                    if finished == len(event_ids) and _webhooks_settled(sandbox_url, engine):
+                        break
+                    if not daemon.alive():
+                        click.echo("dagster-daemon exited; see " + str(daemon.log_path), err=True)
+                        break
+                    time.sleep(2)
+                elapsed = time.monotonic() - started
+            report = summarize(engine, event_ids)
+    finally:
+        receiver.stop()
     _print_report(report, elapsed, dagster_home)
     if report["not_done"]:
         click.echo(
@@ -303,6 +364,13 @@ def _print_report(report: dict, elapsed: float, dagster_home: Path) -> None:
         ("expired", status["expired"]),
         ("ignored (no route)", report["ignored"]),
         ("not finished", report["not_done"]),
+        ("provider: delivered", report["delivery"]["delivered"]),
+        ("provider: opened (human)", report["opens"]["human"]),
+        ("provider: opened (machine)", report["opens"]["machine"]),
+        ("provider: clicked", report["delivery"]["clicked"]),
+        ("provider: bounced", report["delivery"]["bounced"]),
+        ("provider: complained", report["delivery"]["complained"]),
+        ("suppressed by webhooks", report["new_suppressions"]),
     ]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:

@@ -42,7 +42,7 @@ class WebhookIngestor:
         log: logging.Logger | Any | None = None,
     ) -> None:
         self.engine = engine
-        self.providers = dict(providers or registry.PROVIDERS)
+        self.providers = dict(providers or registry.available())
         self.log = log or logging.getLogger(__name__)
 
     def run(self, inbox_ids: Sequence[int], *, run_id: str, lease_s: int = 300) -> IngestOutcome:

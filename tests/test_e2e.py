@@ -148,3 +148,85 @@ def test_daemon_drains_every_lane_and_bulk_can_be_paused(engine, database_url, s
         failed = [r for r in runs if r.status == DagsterRunStatus.FAILURE]
         # Only the batches that hold a rejected address failed, and said why.
         assert failed and all(r.tags["email/lane"] != "bulk" for r in failed)
+
+
+def test_webhooks_close_the_loop_through_the_daemon(engine, database_url, tmp_path):
+    """Sends, provider webhooks, the inbox sensor's ingestion runs and suppressions, all live."""
+    from email_platform.asgi import BackgroundServer
+    from email_platform.db.schema import email_events, webhook_inbox
+    from email_platform.providers.sandbox_server import SandboxConfig, SandboxServer
+    from email_platform.providers.sandbox_webhooks import WebhookPlan
+    from email_platform.store import suppressions
+    from email_platform.webhooks.receiver import create_receiver_app
+    from tests.support import messages_of, signup
+    from tests.webhook_support import SECRET, SETTINGS
+
+    home = tmp_path / "dagster"
+    with BackgroundServer(create_receiver_app(engine, settings=SETTINGS)) as receiver_url:
+        plan = WebhookPlan(
+            webhook_url=f"{receiver_url}/webhooks/sandbox",
+            secret=SECRET,
+            bounce_rate=0.0,
+            complaint_rate=0.0,
+            unsubscribe_rate=0.0,
+            delivered_rate=1.0,
+            open_rate=0.5,
+            click_rate=0.5,
+            duplicate_rate=0.2,
+            delay_s=0.0,
+        )
+        with SandboxServer(SandboxConfig(webhooks=plan, seed=5)) as sandbox_url:
+            env = {
+                "EMAIL_PLATFORM_DATABASE_URL": database_url,
+                "EMAIL_PLATFORM_SANDBOX_BASE_URL": sandbox_url,
+                "EMAIL_PLATFORM_LANES": LANES_JSON,
+            }
+            normal = [signup(engine, f"w{i}") for i in range(8)]
+            bounced = signup(engine, "wb", email="wb+bounce@example.com")
+            complained = signup(engine, "wc", email="wc+complaint@example.com")
+            every = [*normal, bounced, complained]
+            stats: dict = {}
+
+            def settled() -> bool:
+                stats.update(sandbox_stats(sandbox_url))
+                posted = stats.get("webhooks_planned", 0) + stats.get("webhooks_duplicated", 0)
+                with engine.connect() as connection:
+                    waiting = connection.execute(
+                        select(webhook_inbox.c.inbox_id).where(
+                            webhook_inbox.c.status.in_(["pending", "in_flight"])
+                        )
+                    ).all()
+                return (
+                    _statuses(engine, every) == Counter({"done": 10})
+                    and stats.get("webhooks_delivered", 0) == posted > 0
+                    and not waiting
+                )
+
+            with DaemonProcess(home, env) as daemon:
+                assert wait_for(settled, 150), (stats, daemon.log_path.read_text()[-3000:])
+                # The loop closes: the bounced address is now suppressed for the next mail.
+                again = signup(engine, "wb2", email="wb+bounce@example.com")
+                assert wait_for(lambda: _statuses(engine, [again]) == Counter({"done": 1}), 90)
+
+    assert messages_of(engine, again)[0].status == "suppressed"
+    assert messages_of(engine, bounced)[0].delivery_status == "bounced"
+    assert messages_of(engine, complained)[0].delivery_status == "complained"
+    assert {messages_of(engine, e)[0].delivery_status for e in normal} <= {
+        "delivered",
+        "opened",
+        "clicked",
+    }
+    with engine.connect() as connection:
+        stored = connection.execute(select(email_events)).all()
+        reasons = suppressions.reasons_for(
+            connection, ["wb+bounce@example.com", "wc+complaint@example.com"]
+        )
+    assert len(stored) == stats["webhooks_planned"]  # each provider event once, duplicates not
+    assert {e.event_id for e in stored} == set(every)  # every event joins back on event_id
+    assert reasons == {
+        "wb+bounce@example.com": "hard_bounce",
+        "wc+complaint@example.com": "complaint",
+    }
+    with DagsterInstance.from_config(str(home)) as instance:
+        ingests = instance.get_runs(RunsFilter(job_name="ingest_webhooks_job"))
+        assert ingests and all(r.status == DagsterRunStatus.SUCCESS for r in ingests)

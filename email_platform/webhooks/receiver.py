@@ -68,7 +68,7 @@ def create_receiver_app(
     clock: Callable[[], datetime] = utcnow,
 ) -> Starlette:
     """``settings`` holds the webhook secrets (``config.webhook_settings()``)."""
-    known = dict(providers or registry.PROVIDERS)
+    known = dict(providers or registry.available())
     verifiers: dict[str, registry.Verifier] = {}
 
     def verifier_for(name: str) -> registry.Verifier:

@@ -1,15 +1,21 @@
-"""Provider name -> how its webhooks are verified and normalized."""
+"""Provider name -> how its webhooks are verified and normalized.
 
+Each provider module exposes ``build_verifier(settings) -> Verifier`` (``settings`` are the
+``EMAIL_PLATFORM_*_WEBHOOK_*`` values, lower-cased without the prefix) and
+``normalize(body: bytes) -> list[NormalizedEvent]``. Modules load on first use.
+"""
+
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cache
 from typing import Protocol
 
-from email_platform import config
 from email_platform.errors import ConfigurationError
-from email_platform.webhooks import sandbox
-from email_platform.webhooks.standard import StandardWebhooksVerifier
 from email_platform.webhooks.vocabulary import NormalizedEvent
+
+NAMES = ("sandbox", "postmark", "sendgrid", "mailgun", "ses", "resend")
 
 
 class Verifier(Protocol):
@@ -25,23 +31,23 @@ class WebhookProvider:
     normalize: Callable[[bytes], list[NormalizedEvent]]
 
 
-def _standard(secret_var: str) -> Callable[[Mapping[str, str]], Verifier]:
-    def build(settings: Mapping[str, str]) -> Verifier:
-        secret = settings.get(secret_var)
-        if not secret:
-            raise ConfigurationError(f"{config.PREFIX}{secret_var.upper()} is not set")
-        return StandardWebhooksVerifier(secret)
-
-    return build
-
-
-PROVIDERS: dict[str, WebhookProvider] = {
-    "sandbox": WebhookProvider("sandbox", _standard("sandbox_webhook_secret"), sandbox.normalize),
-}
-
-
+@cache
 def get(name: str) -> WebhookProvider:
+    if name not in NAMES:
+        raise ConfigurationError(f"no webhook support for provider {name!r}")
     try:
-        return PROVIDERS[name]
-    except KeyError:
-        raise ConfigurationError(f"no webhook support for provider {name!r}") from None
+        module = importlib.import_module(f"email_platform.webhooks.{name}")
+    except ImportError as exc:
+        raise ConfigurationError(f"webhooks for {name!r} are not available: {exc}") from None
+    return WebhookProvider(name, module.build_verifier, module.normalize)
+
+
+def available() -> dict[str, WebhookProvider]:
+    """Every provider whose webhook module loads."""
+    found: dict[str, WebhookProvider] = {}
+    for name in NAMES:
+        try:
+            found[name] = get(name)
+        except ConfigurationError:
+            continue
+    return found

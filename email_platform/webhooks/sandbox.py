@@ -6,11 +6,15 @@ Body: ``{"id": "evt_…", "type": "email.<event>", "created_at": ISO-8601,
 """
 
 import json
+from collections.abc import Mapping
 from datetime import datetime
 
+from email_platform import config
+from email_platform.errors import ConfigurationError
 from email_platform.timeutil import utcnow
 from email_platform.webhooks.errors import WebhookMalformed
 from email_platform.webhooks.opens import is_machine_open
+from email_platform.webhooks.standard import StandardWebhooksVerifier
 from email_platform.webhooks.vocabulary import NormalizedEvent
 
 EVENT_MAP = {
@@ -24,6 +28,13 @@ EVENT_MAP = {
     "email.unsubscribed": "unsubscribed",
     "email.rejected": "rejected",
 }
+
+
+def build_verifier(settings: Mapping[str, str]) -> StandardWebhooksVerifier:
+    secret = settings.get("sandbox_webhook_secret")
+    if not secret:
+        raise ConfigurationError(f"{config.PREFIX}SANDBOX_WEBHOOK_SECRET is not set")
+    return StandardWebhooksVerifier(secret)
 
 
 def normalize(body: bytes) -> list[NormalizedEvent]:
