@@ -57,6 +57,11 @@ def webhook_settings(env: Mapping[str, str] | None = None) -> dict[str, str]:
     }
 
 
+def webhook_retention_days(env: Mapping[str, str] | None = None) -> int:
+    """How long processed raw webhooks stay in the inbox for re-normalization."""
+    return int(_env(env).get(PREFIX + "WEBHOOK_RETENTION_DAYS", "90"))
+
+
 def webhook_max_body_bytes(env: Mapping[str, str] | None = None) -> int:
     return int(_env(env).get(PREFIX + "WEBHOOK_MAX_BODY_BYTES", str(1024 * 1024)))
 

@@ -1,5 +1,7 @@
 """The ingestion op: normalize one batch of stored webhooks and apply each event once."""
 
+from datetime import timedelta
+
 from dagster import (
     Backoff,
     Config,
@@ -10,8 +12,11 @@ from dagster import (
     op,
 )
 
+from email_platform import config as settings
 from email_platform.ingestion import WebhookIngestor
 from email_platform.resources import AppDatabase
+from email_platform.store import inbox
+from email_platform.timeutil import utcnow
 
 
 class IngestBatchConfig(Config):
@@ -31,10 +36,13 @@ def ingest_webhook_batch(
     the tracking vocabulary, store every provider event once, move each message's delivery
     state forward, and suppress addresses that hard-bounced, complained or unsubscribed.
     """
-    outcome = WebhookIngestor(app_database.get_engine(), log=context.log).run(
-        config.inbox_ids, run_id=context.run_id
-    )
+    engine = app_database.get_engine()
+    outcome = WebhookIngestor(engine, log=context.log).run(config.inbox_ids, run_id=context.run_id)
     summary = outcome.as_metadata()
+    # Retention: raw bodies are kept for re-normalization, then dropped.
+    cutoff = utcnow() - timedelta(days=settings.webhook_retention_days())
+    with engine.begin() as connection:
+        summary["purged"] = inbox.purge_processed(connection, received_before=cutoff)
     context.log.info(
         f"inbox {config.inbox_ids[0]}..{config.inbox_ids[-1]}: "
         + " ".join(f"{k}={v}" for k, v in summary.items())

@@ -4,7 +4,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Row, and_, func, insert, or_, select, update
+from sqlalchemy import Connection, Row, and_, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from email_platform.db.schema import webhook_inbox as inbox
@@ -150,4 +150,11 @@ def requeue(connection: Connection, inbox_ids: list[int]) -> int:
         update(inbox)
         .where(inbox.c.inbox_id.in_(inbox_ids))
         .values(status=PENDING, requested_at=None, processed_at=None, error=None)
+    ).rowcount
+
+
+def purge_processed(connection: Connection, *, received_before: datetime) -> int:
+    """Drop raw bodies past retention; their normalized events stay in ``email_events``."""
+    return connection.execute(
+        delete(inbox).where(inbox.c.status == PROCESSED, inbox.c.received_at < received_before)
     ).rowcount
