@@ -230,37 +230,27 @@ class BatchSender:
             for event, message, route, payload in pending:
                 expires_at = as_utc(message.expires_at)
                 if expires_at is not None and expires_at <= now:
-                    messages.set_status(
+                    self._close_unsent(
                         connection,
-                        message.message_id,
+                        message,
                         messages.EXPIRED,
+                        f"expired at {expires_at.isoformat()}",
+                        dead_letters.EXPIRED,
+                        run_id,
                         now,
-                        last_error=f"expired at {expires_at.isoformat()}",
-                    )
-                    dead_letters.resolve_for_messages(
-                        connection,
-                        [message.message_id],
-                        status=dead_letters.EXPIRED,
-                        run_id=run_id,
-                        now=now,
                     )
                     outcome.expired += 1
                     continue
                 reason = reasons.get(suppressions.normalize(message.recipient))
                 if reason and (reason in _HARD_SUPPRESSIONS or not route.bypass_unsubscribe):
-                    messages.set_status(
+                    self._close_unsent(
                         connection,
-                        message.message_id,
+                        message,
                         messages.SUPPRESSED,
+                        f"address suppressed: {reason}",
+                        dead_letters.SUPPRESSED,
+                        run_id,
                         now,
-                        last_error=f"address suppressed: {reason}",
-                    )
-                    dead_letters.resolve_for_messages(
-                        connection,
-                        [message.message_id],
-                        status=dead_letters.SUPPRESSED,
-                        run_id=run_id,
-                        now=now,
                     )
                     outcome.suppressed += 1
                     continue
@@ -517,6 +507,22 @@ class BatchSender:
         outcome.dead += 1
 
     # ---- terminal bookkeeping ----------------------------------------------------------------
+
+    def _close_unsent(
+        self,
+        connection: Any,
+        message: Row,
+        status: str,
+        why: str,
+        letter_status: str,
+        run_id: str,
+        now: datetime,
+    ) -> None:
+        """A message that will not be sent (expired, suppressed); a replay's letter closes too."""
+        messages.set_status(connection, message.message_id, status, now, last_error=why)
+        dead_letters.resolve_for_messages(
+            connection, [message.message_id], status=letter_status, run_id=run_id, now=now
+        )
 
     def _dead_letter(
         self,
