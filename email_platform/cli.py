@@ -317,6 +317,16 @@ def sandbox() -> None:
 @click.option("--rate-4xx", type=float, default=0.0, show_default=True)
 @click.option("--latency-ms", type=float, default=0.0, show_default=True)
 @click.option("--seed", type=int)
+@click.option("--webhook-url", help="Post signed webhooks here, e.g. .../webhooks/sandbox.")
+@click.option(
+    "--webhook-secret",
+    envvar="EMAIL_PLATFORM_SANDBOX_WEBHOOK_SECRET",
+    help="whsec_... secret shared with the receiver.",
+)
+@click.option("--webhook-bounce-rate", type=float, default=0.02, show_default=True)
+@click.option("--webhook-complaint-rate", type=float, default=0.003, show_default=True)
+@click.option("--webhook-open-rate", type=float, default=0.45, show_default=True)
+@click.option("--webhook-click-rate", type=float, default=0.3, show_default=True)
 def sandbox_serve(
     host: str,
     port: int,
@@ -327,10 +337,29 @@ def sandbox_serve(
     rate_4xx: float,
     latency_ms: float,
     seed: int | None,
+    webhook_url: str | None,
+    webhook_secret: str | None,
+    webhook_bounce_rate: float,
+    webhook_complaint_rate: float,
+    webhook_open_rate: float,
+    webhook_click_rate: float,
 ) -> None:
     """Run the sandbox provider (POST /v1/send, GET /_sandbox/messages, /_sandbox/stats)."""
     from email_platform.providers.sandbox_server import SandboxConfig, serve
+    from email_platform.providers.sandbox_webhooks import WebhookPlan
 
+    plan = None
+    if webhook_url:
+        if not webhook_secret:
+            raise click.UsageError("--webhook-url needs --webhook-secret (whsec_...)")
+        plan = WebhookPlan(
+            webhook_url=webhook_url,
+            secret=webhook_secret,
+            bounce_rate=webhook_bounce_rate,
+            complaint_rate=webhook_complaint_rate,
+            open_rate=webhook_open_rate,
+            click_rate=webhook_click_rate,
+        )
     serve(
         SandboxConfig(
             api_key=api_key,
@@ -340,6 +369,7 @@ def sandbox_serve(
             rate_4xx=rate_4xx,
             latency_ms=latency_ms,
             seed=seed,
+            webhooks=plan,
         ),
         host,
         port,

@@ -128,3 +128,12 @@ def test_commands_on_an_unmigrated_database_say_what_to_do(tmp_path):
     assert code == 0 and "revision 0002" in output
     code, output = _cli(url, "status", "--json")
     assert code == 0 and json.loads(output)["events"]["pending"] == 0
+
+
+def test_sandbox_webhooks_need_a_secret():
+    result = CliRunner().invoke(
+        main,
+        ["sandbox", "serve", "--webhook-url", "http://127.0.0.1:9/webhooks/sandbox"],
+        env={"EMAIL_PLATFORM_SANDBOX_WEBHOOK_SECRET": ""},
+    )
+    assert result.exit_code == 2 and "--webhook-secret" in result.output
