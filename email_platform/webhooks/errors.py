@@ -15,3 +15,10 @@ class WebhookMalformed(Exception):
     """Authentic but unreadable: stored for inspection, answered 400."""
 
     status_code = 400
+
+
+class WebhookUnavailable(Exception):
+    """Something the check needs is unreachable right now (e.g. a signing certificate): 503,
+    so the provider keeps the event and retries."""
+
+    status_code = 503

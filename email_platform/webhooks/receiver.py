@@ -22,7 +22,7 @@ from email_platform.errors import ConfigurationError
 from email_platform.store import inbox
 from email_platform.timeutil import utcnow
 from email_platform.webhooks import registry
-from email_platform.webhooks.errors import WebhookMalformed, WebhookRejected
+from email_platform.webhooks.errors import WebhookMalformed, WebhookRejected, WebhookUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,9 @@ _KEPT_HEADERS = (
     "webhook-id",
     "webhook-timestamp",
     "webhook-signature",
+    "svix-id",
+    "svix-timestamp",
+    "svix-signature",
     "x-twilio-email-event-webhook-signature",
     "x-twilio-email-event-webhook-timestamp",
     "x-amz-sns-message-type",
@@ -86,10 +89,15 @@ def create_receiver_app(
             return JSONResponse({"error": "body too large"}, status_code=413)
         headers = {k.lower(): v for k, v in request.headers.items()}
         try:
-            delivery_id = verifier_for(name).verify(headers, body, clock())
+            # In a worker thread: a verifier may fetch a certificate (SNS) on first use.
+            verifier = await run_in_threadpool(verifier_for, name)
+            delivery_id = await run_in_threadpool(verifier.verify, headers, body, clock())
         except ConfigurationError as exc:
             log.error("webhook receiver for %s is not configured: %s", name, exc)
             return JSONResponse({"error": "receiver not configured"}, status_code=503)
+        except WebhookUnavailable as exc:
+            log.warning("webhook from %s cannot be verified right now: %s", name, exc)
+            return JSONResponse({"error": "verification unavailable, retry later"}, status_code=503)
         except WebhookRejected as exc:
             return JSONResponse({"error": exc.reason}, status_code=401)
 

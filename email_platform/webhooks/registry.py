@@ -37,7 +37,7 @@ def get(name: str) -> WebhookProvider:
         raise ConfigurationError(f"no webhook support for provider {name!r}")
     try:
         module = importlib.import_module(f"email_platform.webhooks.{name}")
-    except ImportError as exc:
+    except Exception as exc:  # one broken provider module must not take the others down
         raise ConfigurationError(f"webhooks for {name!r} are not available: {exc}") from None
     return WebhookProvider(name, module.build_verifier, module.normalize)
 
