@@ -92,7 +92,7 @@ def trace(event_id: str, as_json: bool, url: str | None) -> None:
     """The whole chain of one event: outbox row, messages, attempts, dead letters."""
     from email_platform.operations import trace as read_trace
 
-    chain = read_trace(_engine(url), event_id)
+    chain = read_trace(_engine(url), event_id, warehouse_path=config.warehouse_path())
     if chain is None:
         raise click.ClickException(f"no event {event_id} in the outbox")
     if as_json:

@@ -2,9 +2,15 @@
 
 from dagster import Definitions
 
-from email_platform.assets import analytics_assets
+from email_platform.assets import analytics_assets, analytics_sensors
 from email_platform.jobs import ingest_webhooks_job, send_email_job
-from email_platform.resources import AppDatabase, EmailProviderResource, LanePolicy, RoutingResource
+from email_platform.resources import (
+    AppDatabase,
+    EmailProviderResource,
+    LanePolicy,
+    RoutingResource,
+    Warehouse,
+)
 from email_platform.sensors.outbox import outbox_sensors
 from email_platform.sensors.run_failure import email_run_failure_sensor
 from email_platform.sensors.webhooks import webhook_inbox_sensor
@@ -16,17 +22,24 @@ def build_definitions(
     email_provider: EmailProviderResource | None = None,
     lane_policy: LanePolicy | None = None,
     routing: RoutingResource | None = None,
+    warehouse: Warehouse | None = None,
 ) -> Definitions:
     """Definitions with the given resources; defaults read ``EMAIL_PLATFORM_*`` at run time."""
     return Definitions(
         jobs=[send_email_job, ingest_webhooks_job],
-        sensors=[*outbox_sensors, webhook_inbox_sensor, email_run_failure_sensor],
+        sensors=[
+            *outbox_sensors,
+            webhook_inbox_sensor,
+            email_run_failure_sensor,
+            *analytics_sensors,
+        ],
         assets=analytics_assets,
         resources={
             "app_database": app_database or AppDatabase(),
             "email_provider": email_provider or EmailProviderResource(),
             "lane_policy": lane_policy or LanePolicy(),
             "routing": routing or RoutingResource(),
+            "warehouse": warehouse or Warehouse(),
         },
     )
 

@@ -343,12 +343,42 @@ def run_demo(
     finally:
         receiver.stop()
     _print_report(report, elapsed, dagster_home)
+    _print_funnel(database_url, dagster_home, event_ids)
     if report["not_done"]:
         click.echo(
             f"FAILED: {report['not_done']} event(s) did not reach a terminal state", err=True
         )
         return 1
     return 0
+
+
+def _print_funnel(database_url: str, dagster_home: Path, event_ids: list[str]) -> None:
+    """Materialize the analytics assets (recorded in the demo's Dagster instance, so the UI
+    shows them) and print the funnel of the events this demo sent."""
+    from dagster import DagsterInstance, materialize
+
+    from email_platform.assets import analytics_checks, analytics_warehouse
+    from email_platform.resources import AppDatabase, Warehouse
+    from email_platform.warehouse import funnel_report
+
+    warehouse_path = config.warehouse_path()
+    click.echo("")
+    click.echo(f"materializing the analytics assets into {warehouse_path} ...")
+    with DagsterInstance.from_config(str(dagster_home)) as instance:
+        result = materialize(
+            [analytics_warehouse, *analytics_checks],
+            instance=instance,
+            resources={
+                "app_database": AppDatabase(url=database_url),
+                "warehouse": Warehouse(path=warehouse_path),
+            },
+            raise_on_error=False,
+        )
+    if not result.success:
+        click.echo("analytics materialization failed; see the run in the Dagster UI", err=True)
+        return
+    click.echo(funnel_report(warehouse_path, event_ids=event_ids).to_text())
+    click.echo(f"Query it yourself: duckdb -readonly {warehouse_path} (see analytics/)")
 
 
 def _print_report(report: dict, elapsed: float, dagster_home: Path) -> None:

@@ -5,6 +5,7 @@ local files under ``DAGSTER_HOME`` and uses the same run queue shape: per-lane t
 critical mail always has a free run slot, and ``dagster/priority`` to dequeue it first.
 """
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -79,6 +80,12 @@ class DaemonProcess:
 
     def start(self) -> "DaemonProcess":
         workspace = prepare_home(self.home)
+        # Create the instance's storage here, once: the daemon and anyone polling the instance
+        # would otherwise race to run the same first migrations on a fresh DAGSTER_HOME.
+        from dagster import DagsterInstance
+
+        with DagsterInstance.from_config(str(self.home)):
+            pass
         daemon = Path(sys.executable).with_name("dagster-daemon")
         command = [str(daemon)] if daemon.exists() else [sys.executable, "-m", "dagster._daemon"]
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
@@ -115,9 +122,12 @@ class DaemonProcess:
             try:
                 self.process.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.kill()
                 self.process.wait()
-        # Run workers are started in their own sessions; reap any still alive.
+        # The daemon's code server (and anything else in its session) can outlive it: end the
+        # whole process group it was started in.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
         self._log.close()
         self.process = None
 

@@ -5,6 +5,7 @@ Plain functions over the repositories; the CLI formats what they return.
 
 from collections.abc import Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Row
@@ -44,8 +45,14 @@ def _row(row: Row | None) -> dict[str, Any] | None:
     return {k: (isoformat(v) if isinstance(v, datetime) else v) for k, v in row._mapping.items()}
 
 
-def trace(engine: Engine, event_id: str) -> dict[str, Any] | None:
-    """The whole chain of one event, or None if no such event exists."""
+def trace(
+    engine: Engine, event_id: str, *, warehouse_path: str | None = None
+) -> dict[str, Any] | None:
+    """The whole chain of one event, or None if no such event exists.
+
+    With a ``warehouse_path`` whose file exists, the event's funnel rows come along (as of the
+    warehouse's last refresh).
+    """
     with engine.connect() as connection:
         event = outbox.get_event(connection, event_id)
         if event is None:
@@ -69,9 +76,8 @@ def trace(engine: Engine, event_id: str) -> dict[str, Any] | None:
         "provider_events": [
             {k: v for k, v in _row(e).items() if k != "raw"} for e in provider_events
         ],
-        # Filled once the analytics funnel lands.
         "dead_letters": [_row(d) for d in letters],
-        "funnel": None,
+        "funnel": _funnel(warehouse_path, event_id),
     }
 
 
@@ -109,3 +115,14 @@ def requeue_dead_letters(engine: Engine, letters: Sequence[Row]) -> list[str]:
 def discard_dead_letters(engine: Engine, ids: Sequence[int]) -> int:
     with engine.begin() as connection:
         return dead_letters.discard(connection, ids, utcnow())
+
+
+def _funnel(warehouse_path: str | None, event_id: str) -> list[dict[str, Any]] | None:
+    if not warehouse_path or not Path(warehouse_path).exists():
+        return None
+    from email_platform.warehouse import funnel_row
+
+    return [
+        {k: (isoformat(v) if isinstance(v, datetime) else v) for k, v in row.items()}
+        for row in funnel_row(warehouse_path, event_id)
+    ]

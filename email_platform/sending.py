@@ -178,6 +178,9 @@ class BatchSender:
                 for m in messages.for_events(connection, [e.event_id for e in claimed])
             }
             pending: list[tuple[Row, Row, Route, dict[str, Any]]] = []
+            routed: list[str] = []
+            # (event, route, payload, existing message or None) in publish order.
+            planned: list[tuple[Row, Route, dict[str, Any], Row | None]] = []
             for event in claimed:
                 if not replay and event.claim_count > MAX_CLAIMS:
                     self._crash_loop(connection, event, existing, run_id, now)
@@ -202,27 +205,36 @@ class BatchSender:
                     )
                     outcome.ignored += 1
                     continue
-                # Routed now: an event-level dead letter (say, a version that has an upcaster
-                # since) is settled, however the replay was started.
-                dead_letters.resolve_for_events(
-                    connection,
-                    [event.event_id],
-                    status=dead_letters.REPLAYED,
-                    run_id=run_id,
-                    now=now,
-                )
+                routed.append(event.event_id)
                 for route in event_routes:
-                    message = existing.get((event.event_id, route.name))
-                    if message is None:
-                        message = self._create_message(
-                            connection, event, route, payload, now, run_id, lookups
-                        )
-                    if message.status == messages.DUPLICATE:
-                        outcome.duplicate += 1
-                    elif message.status == messages.DEAD:
-                        outcome.dead += 1
-                    elif message.status == messages.PENDING:
-                        pending.append((event, message, route, payload))
+                    planned.append(
+                        (event, route, payload, existing.get((event.event_id, route.name)))
+                    )
+            # Routed now: an event-level dead letter (say, a version that has an upcaster
+            # since) is settled, however the replay was started.
+            dead_letters.resolve_for_events(
+                connection, routed, status=dead_letters.REPLAYED, run_id=run_id, now=now
+            )
+            # New messages go in with one multi-row insert (idempotency keys recorded before
+            # any provider call); the unique indexes still decide duplicates, in publish order.
+            created = iter(
+                self._create_messages(
+                    connection,
+                    [(e, r, p) for e, r, p, m in planned if m is None],
+                    now,
+                    run_id,
+                    lookups,
+                )
+            )
+            for event, route, payload, message in planned:
+                if message is None:
+                    message = next(created)
+                if message.status == messages.DUPLICATE:
+                    outcome.duplicate += 1
+                elif message.status == messages.DEAD:
+                    outcome.dead += 1
+                elif message.status == messages.PENDING:
+                    pending.append((event, message, route, payload))
 
             reasons = suppressions.reasons_for(
                 connection, [m.recipient for _, m, _, _ in pending if m.recipient]
@@ -310,16 +322,41 @@ class BatchSender:
                     keys.add(str(key))
         return {key: self.resolver.lookup(key) for key in sorted(keys)}
 
-    def _create_message(
+    def _create_messages(
         self,
         connection: Any,
+        items: Sequence[tuple[Row, Route, dict[str, Any]]],
+        now: datetime,
+        run_id: str,
+        lookups: dict[str, str | None],
+    ) -> list[Row]:
+        """Insert the messages of ``items`` (in order); dead-letter those that cannot be sent."""
+        planned = [self._message_values(e, r, p, now, lookups) for e, r, p in items]
+        rows = messages.create_many(connection, [values for values, _ in planned])
+        result: list[Row] = []
+        for message, (_, failure) in zip(rows, planned, strict=True):
+            if failure is not None and message.status == messages.PENDING:
+                self._dead_letter(
+                    connection,
+                    message,
+                    failure.reason,
+                    str(failure),
+                    code=failure.code,
+                    run_id=run_id,
+                    now=now,
+                )
+                message = messages.get(connection, message.message_id)
+            result.append(message)
+        return result
+
+    def _message_values(
+        self,
         event: Row,
         route: Route,
         payload: dict[str, Any],
         now: datetime,
-        run_id: str,
         lookups: dict[str, str | None],
-    ) -> Row:
+    ) -> tuple[dict[str, Any], PermanentError | None]:
         base_key = event.idempotency_key or event.event_id
         expires = [as_utc(event.expires_at)]
         if route.ttl_s is not None:
@@ -351,19 +388,7 @@ class BatchSender:
             values["recipient_domain"] = values["recipient"].rsplit("@", 1)[-1].lower()
         except RecipientNotFoundError as error:
             failure = failure or error
-        message = messages.create(connection, values)
-        if failure is not None and message.status == messages.PENDING:
-            self._dead_letter(
-                connection,
-                message,
-                failure.reason,
-                str(failure),
-                code=failure.code,
-                run_id=run_id,
-                now=now,
-            )
-            message = messages.get(connection, message.message_id)
-        return message
+        return values, failure
 
     def _recipient(
         self, route: Route, payload: dict[str, Any], lookups: dict[str, str | None]
@@ -398,17 +423,78 @@ class BatchSender:
             remaining = set(futures)
             while remaining:
                 done, remaining = wait(remaining, return_when=FIRST_COMPLETED)
-                # Record each finished send as soon as it is known.
+                # Record every finished send as soon as it is known: one transaction per group
+                # of completions, the accepted ones with one statement per table.
                 with self.engine.begin() as connection:
+                    accepted: list[tuple[_Work, Accepted, datetime]] = []
                     for future in done:
                         item, started = futures[future]
-                        self._record(connection, item, future, started, run_id, outcome)
+                        result = self._result_of(future)
+                        if isinstance(result, Accepted):
+                            accepted.append((item, result, started))
+                        else:
+                            self._record(connection, item, result, started, run_id, outcome)
+                    self._record_accepted(connection, accepted, run_id, outcome)
+
+    @staticmethod
+    def _result_of(future: Future) -> Accepted | DeliveryError:
+        try:
+            return future.result()
+        except ConfigurationError:
+            # A wrong setting is the deployment's to fix: fail the run loudly, dead-letter nothing.
+            raise
+        except Exception as exc:  # the provider raised: classify, never let one message sink all
+            return classify_exception(exc)
+
+    def _record_accepted(
+        self,
+        connection: Any,
+        accepted: Sequence[tuple[_Work, Accepted, datetime]],
+        run_id: str,
+        outcome: BatchOutcome,
+    ) -> None:
+        if not accepted:
+            return
+        now = utcnow()
+        attempts.add(
+            connection,
+            [
+                {
+                    "message_id": item.message.message_id,
+                    "event_id": item.message.event_id,
+                    "run_id": run_id,
+                    "attempt_no": item.message.attempts + 1,
+                    "started_at": started,
+                    "finished_at": now,
+                    "outcome": "accepted",
+                    "http_status": result.status_code,
+                    "provider_message_id": result.provider_message_id,
+                    "error": None,
+                    "retry_after_s": None,
+                }
+                for item, result, started in accepted
+            ],
+        )
+        messages.record_accepted_many(
+            connection,
+            [(item.message.message_id, result.provider_message_id) for item, result, _ in accepted],
+            now,
+            self.provider.name,
+        )
+        dead_letters.resolve_for_messages(
+            connection,
+            [item.message.message_id for item, _, _ in accepted],
+            status=dead_letters.REPLAYED,
+            run_id=run_id,
+            now=now,
+        )
+        outcome.sent += len(accepted)
 
     def _record(
         self,
         connection: Any,
         item: _Work,
-        future: Future,
+        result: DeliveryError,
         started: datetime,
         run_id: str,
         outcome: BatchOutcome,
@@ -416,13 +502,6 @@ class BatchSender:
         now = utcnow()
         message = item.message
         attempt_no = message.attempts + 1
-        try:
-            result: Accepted | DeliveryError = future.result()
-        except ConfigurationError:
-            # A wrong setting is the deployment's to fix: fail the run loudly, dead-letter nothing.
-            raise
-        except Exception as exc:  # the provider raised: classify, never let one message sink all
-            result = classify_exception(exc)
         attempt = {
             "message_id": message.message_id,
             "event_id": message.event_id,
@@ -431,36 +510,6 @@ class BatchSender:
             "started_at": started,
             "finished_at": now,
         }
-        if isinstance(result, Accepted):
-            attempts.add(
-                connection,
-                [
-                    {
-                        **attempt,
-                        "outcome": "accepted",
-                        "http_status": result.status_code,
-                        "provider_message_id": result.provider_message_id,
-                    }
-                ],
-            )
-            messages.record_attempt(
-                connection,
-                message.message_id,
-                now,
-                accepted=True,
-                provider=self.provider.name,
-                provider_message_id=result.provider_message_id,
-                error=None,
-            )
-            dead_letters.resolve_for_messages(
-                connection,
-                [message.message_id],
-                status=dead_letters.REPLAYED,
-                run_id=run_id,
-                now=now,
-            )
-            outcome.sent += 1
-            return
         transient = is_transient(result)
         attempts.add(
             connection,

@@ -125,7 +125,7 @@ def test_commands_on_an_unmigrated_database_say_what_to_do(tmp_path):
     code, output = _cli(url, "status")
     assert code != 0 and "email-platform db upgrade" in output
     code, output = _cli(url, "db", "upgrade")
-    assert code == 0 and "revision 0002" in output
+    assert code == 0 and "revision 0003" in output
     code, output = _cli(url, "status", "--json")
     assert code == 0 and json.loads(output)["events"]["pending"] == 0
 
@@ -137,3 +137,21 @@ def test_sandbox_webhooks_need_a_secret():
         env={"EMAIL_PLATFORM_SANDBOX_WEBHOOK_SECRET": ""},
     )
     assert result.exit_code == 2 and "--webhook-secret" in result.output
+
+
+def test_trace_includes_the_funnel_row_once_the_warehouse_is_built(
+    engine, database_url, sandbox, tmp_path
+):
+    from email_platform.warehouse import refresh
+
+    event_id = signup(engine, "f1")
+    assert run_send(database_url, sandbox.base_url, "transactional", [event_id]).success
+    warehouse = tmp_path / "warehouse.duckdb"
+    env = {"EMAIL_PLATFORM_DATABASE_URL": database_url, "EMAIL_PLATFORM_WAREHOUSE": str(warehouse)}
+    before = json.loads(CliRunner().invoke(main, ["trace", event_id, "--json"], env=env).output)
+    assert before["funnel"] is None  # no warehouse yet
+    refresh(database_url, warehouse)
+    after = json.loads(CliRunner().invoke(main, ["trace", event_id, "--json"], env=env).output)
+    (row,) = after["funnel"]
+    assert row["event_id"] == event_id and row["template"] == "welcome"
+    assert row["final_status"] == "sent"

@@ -15,6 +15,7 @@ def test_workspace_points_at_the_definitions_module():
 def test_every_job_and_sensor_resolves_with_a_description():
     repository = defs.get_repository_def()
     assert sorted(job.name for job in repository.get_all_jobs()) == [
+        "__ASSET_JOB",  # Dagster's implicit job for the analytics assets
         "ingest_webhooks_job",
         "send_email_job",
     ]
@@ -25,6 +26,7 @@ def test_every_job_and_sensor_resolves_with_a_description():
         "bulk_outbox_sensor",
         "email_run_failure_sensor",
         "webhook_inbox_sensor",
+        "analytics_refresh_sensor",
     }
     for sensor in sensors.values():
         assert sensor.description and len(sensor.description) > 40
@@ -49,4 +51,6 @@ def test_lane_sensors_target_the_send_job_and_start_running():
 def test_required_resources_are_bound():
     repository = defs.get_repository_def()
     resources = repository.get_top_level_resources()
-    assert {"app_database", "email_provider", "lane_policy", "routing"} <= set(resources)
+    assert {"app_database", "email_provider", "lane_policy", "routing", "warehouse"} <= set(
+        resources
+    )

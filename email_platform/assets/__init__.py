@@ -1,3 +1,20 @@
-"""Analytics assets (DuckDB). The funnel lands with the analytics work; see analytics/."""
+"""Analytics assets (DuckDB): the email funnel, its checks and the sensor that refreshes it."""
 
-analytics_assets: list = []
+from email_platform.assets.analytics import (
+    analytics_checks,
+    analytics_sensors,
+    analytics_warehouse,
+    operational_tables,
+)
+
+# What definitions.py registers as assets: the warehouse multi-asset, the operational tables it
+# reads (external, for lineage) and the asset checks.
+analytics_assets: list = [analytics_warehouse, *operational_tables, *analytics_checks]
+
+__all__ = [
+    "analytics_assets",
+    "analytics_checks",
+    "analytics_sensors",
+    "analytics_warehouse",
+    "operational_tables",
+]

@@ -89,6 +89,9 @@ email_messages = Table(
 )
 Index("ix_email_messages_status", email_messages.c.status)
 Index("ix_email_messages_provider_message_id", email_messages.c.provider_message_id)
+# The warehouse loads what changed since its high-water marks; these keep that a range scan.
+Index("ix_email_messages_updated_at", email_messages.c.updated_at)
+Index("ix_email_messages_delivery_updated_at", email_messages.c.delivery_updated_at)
 
 email_attempts = Table(
     "email_attempts",
@@ -109,6 +112,7 @@ email_attempts = Table(
 )
 Index("ix_email_attempts_message", email_attempts.c.message_id)
 Index("ix_email_attempts_event", email_attempts.c.event_id)
+Index("ix_email_attempts_finished_at", email_attempts.c.finished_at)
 
 dead_letters = Table(
     "dead_letters",
@@ -131,6 +135,9 @@ dead_letters = Table(
 )
 Index("ix_dead_letters_status", dead_letters.c.status)
 Index("ix_dead_letters_event", dead_letters.c.event_id)
+# Closing a message's dead letter on every accepted send must not scan the table.
+Index("ix_dead_letters_message", dead_letters.c.message_id)
+Index("ix_dead_letters_resolved_at", dead_letters.c.resolved_at)
 
 suppressions = Table(
     "suppressions",
@@ -197,3 +204,4 @@ email_events = Table(
 )
 Index("ix_email_events_event_id", email_events.c.event_id)
 Index("ix_email_events_message", email_events.c.message_id)
+Index("ix_email_events_received_at", email_events.c.received_at)

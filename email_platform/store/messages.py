@@ -4,7 +4,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Row, func, insert, select, update
+from sqlalchemy import Connection, Row, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from email_platform.db.schema import email_messages as messages
@@ -63,6 +63,53 @@ def create(connection: Connection, values: dict[str, Any]) -> Row:
             "status": DUPLICATE,
             "last_error": f"{key_kind} already used by message {holder}",
         },
+    )
+
+
+def create_many(connection: Connection, rows: Sequence[dict[str, Any]]) -> list[Row]:
+    """``create`` for many messages, in order, with one multi-row INSERT in the common case.
+
+    The rows go in under one savepoint; if any of them hits a unique index (a dedupe key or an
+    idempotency key already taken, or two rows of this batch sharing one), the savepoint rolls
+    the whole insert back and the rows are created one by one with ``create``, so the first
+    in order wins exactly as it would have one at a time.
+    """
+    if not rows:
+        return []
+    columns = set().union(*(row.keys() for row in rows))
+    uniform = [{column: row.get(column) for column in columns} for row in rows]
+    try:
+        with connection.begin_nested():
+            created = connection.execute(
+                insert(messages).returning(*messages.c, sort_by_parameter_order=True), uniform
+            ).all()
+    except IntegrityError:
+        return [create(connection, row) for row in rows]
+    return list(created)
+
+
+def record_accepted_many(
+    connection: Connection, accepted: Sequence[tuple[int, str | None]], now: datetime, provider: str
+) -> None:
+    """``record_attempt(accepted=True)`` for many messages in one executemany UPDATE.
+
+    ``accepted`` holds ``(message_id, provider_message_id)`` pairs.
+    """
+    if not accepted:
+        return
+    connection.execute(
+        update(messages)
+        .where(messages.c.message_id == bindparam("b_message_id"))
+        .values(
+            attempts=messages.c.attempts + 1,
+            updated_at=now,
+            provider=provider,
+            last_error=None,
+            status=SENT,
+            provider_message_id=bindparam("b_provider_message_id"),
+            sent_at=now,
+        ),
+        [{"b_message_id": m, "b_provider_message_id": p} for m, p in accepted],
     )
 
 

@@ -1,0 +1,13 @@
+-- stg_events: one row per application event in the outbox (what product code published).
+-- Grain: event_id. Timestamps are UTC. No payloads or addresses are loaded into the warehouse.
+SELECT
+    event_id,
+    event_type,
+    event_version,
+    lane,
+    occurred_at,
+    published_at,
+    status,      -- pending | in_flight | done | dead
+    resolution,  -- why it is done: sent, ignored (no route), ...
+    done_at
+FROM raw_email_outbox

@@ -1,0 +1,132 @@
+"""Benchmark of the analytics warehouse: full build and incremental refresh, time and peak RSS.
+
+``python -m bench.analytics --messages 100000`` (add ``--messages 1000000`` for 1M; several
+``--messages`` run one after another). For each size it generates a history in a fresh SQLite
+database (about five provider events per message), runs a full refresh, then ``--rounds``
+incremental refreshes of ``--increment`` new messages each (plus late engagement for old ones),
+and prints a table. Each refresh runs in its own process so its peak RSS is its own.
+"""
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from bench.generate import generate
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak RSS since exec (VmHWM; ``ru_maxrss`` survives exec from a fat parent)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _phase(database_url: str, warehouse_path: str, full: bool) -> None:
+    from email_platform.warehouse import refresh
+
+    started = time.perf_counter()
+    summary = refresh(database_url, warehouse_path, full=full)
+    print(
+        json.dumps(
+            {
+                "seconds": time.perf_counter() - started,
+                "timings": summary.timings_s,
+                "loaded": summary.total_loaded,
+                "read": sum(summary.rows_read.values()),
+                "messages_rebuilt": summary.messages_rebuilt,
+                "funnel_rows": summary.table_rows["email_funnel"],
+                "events_rows": summary.table_rows["raw_email_events"],
+                "peak_rss_mb": _peak_rss_mb(),
+                "file_mb": Path(warehouse_path).stat().st_size / 2**20,
+            }
+        )
+    )
+
+
+def _measure(database_url: str, warehouse_path: str, full: bool) -> dict:
+    output = subprocess.run(
+        [sys.executable, "-m", "bench.analytics", "--phase", "full" if full else "incremental",
+         "--database-url", database_url, "--warehouse", warehouse_path],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def run(messages: int, increment: int, rounds: int, days: float, workdir: Path) -> list[dict]:
+    database = workdir / f"history_{messages}.sqlite3"
+    path = workdir / f"warehouse_{messages}.duckdb"
+    url = f"sqlite:///{database}"
+    now = datetime.now(UTC)
+    generated = generate(url, messages=messages, days=days, end=now)
+    results = [
+        {"step": "generate (not timed work)", "seconds": generated.seconds,
+         "rows": generated.messages + generated.attempts + generated.provider_events}
+    ]  # fmt: skip
+    full = _measure(url, str(path), True)
+    results.append({"step": f"full build {messages:,}", **full})
+    for round_ in range(rounds):
+        end = now + timedelta(minutes=10 * (round_ + 1))
+        generate(url, messages=increment, days=0.005, end=end, seed=100 + round_,
+                 late_events_for_existing=increment // 5)  # fmt: skip
+        step = _measure(url, str(path), False)
+        results.append({"step": f"incremental +{increment:,} #{round_ + 1}", **step})
+    nothing = _measure(url, str(path), False)
+    results.append({"step": "re-run, nothing new", **nothing})
+    return results
+
+
+def _print(messages: int, results: list[dict]) -> None:
+    print(f"\n== {messages:,} messages ==")
+    print(
+        f"{'step':<28}{'total s':>9}{'extract':>9}{'build':>8}{'publish':>9}{'rows in':>10}"
+        f"{'us/row':>8}{'rebuilt':>9}{'RSS MB':>8}{'file MB':>9}"
+    )
+    for r in results:
+        if "timings" not in r:
+            print(f"{r['step']:<28}{r['seconds']:>9.2f}{'':>9}{'':>8}{'':>9}{r['rows']:>10,}")
+            continue
+        t = r["timings"]
+        per_row = t["total"] / r["loaded"] * 1e6 if r["loaded"] else 0
+        print(
+            f"{r['step']:<28}{t['total']:>9.2f}{t['extract_load']:>9.2f}{t['build']:>8.2f}"
+            f"{t.get('publish', 0):>9.2f}{r['loaded']:>10,}{per_row:>8.1f}"
+            f"{r['messages_rebuilt']:>9,}{r['peak_rss_mb']:>8.0f}{r['file_mb']:>9.0f}"
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, action="append")
+    parser.add_argument("--increment", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--days", type=float, default=30)
+    parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--phase", choices=["full", "incremental"], help=argparse.SUPPRESS)
+    parser.add_argument("--database-url", help=argparse.SUPPRESS)
+    parser.add_argument("--warehouse", help=argparse.SUPPRESS)
+    parser.add_argument("--json", action="store_true", help="print the raw results as JSON")
+    args = parser.parse_args(argv)
+    if args.phase:
+        _phase(args.database_url, args.warehouse, args.phase == "full")
+        return
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench_analytics_"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    for messages in args.messages or [100_000]:
+        results = run(messages, args.increment, args.rounds, args.days, workdir)
+        _print(messages, results)
+        if args.json:
+            print(json.dumps(results, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""The ceiling: a bare loop with no scheduler at all, against the same database and sandbox.
+
+``python -m bench.ceiling --database-url URL --sandbox-url URL [--batch-size 2000]
+[--concurrency 32]`` loops until stopped: claim a batch of due outbox events (the same atomic
+claim as the send op), route and render them with the shipped routes and templates, send them
+on keep-alive connections from a thread pool, then mark them sent in one transaction per batch
+(one ``email_messages`` row each, with its ``sent_at``, and the events done). No attempts table,
+no dedupe, no suppressions, no retries: it is the upper bound the real path is measured against,
+not a sender anyone should run. ``bench.send`` starts it in its own process.
+"""
+
+import argparse
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from sqlalchemy import Engine, Row, insert, select
+
+from email_platform.db.engine import make_engine
+from email_platform.db.schema import email_messages
+from email_platform.db.schema import email_outbox as outbox_table
+from email_platform.providers.base import OutgoingEmail
+from email_platform.providers.sandbox import SandboxProvider
+from email_platform.recipients import SqlDirectoryResolver
+from email_platform.rendering import PACKAGE_TEMPLATES, TemplateRenderer
+from email_platform.routes import RouteTable, default_routes
+from email_platform.store import outbox
+from email_platform.timeutil import utcnow
+
+SENDER = "Bench <no-reply@example.com>"
+
+
+class Mailer:
+    """Route, resolve and render one outbox event into the mail(s) it causes."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.routes: RouteTable = default_routes()
+        self.renderer = TemplateRenderer(PACKAGE_TEMPLATES)
+        self.resolver = SqlDirectoryResolver(
+            engine, table_name="users", key_column="id", email_column="email"
+        )
+
+    def emails_for(self, event: Row) -> list[tuple[Any, OutgoingEmail]]:
+        version, payload = self.routes.upcast(
+            event.event_type, event.event_version, dict(event.payload)
+        )
+        out = []
+        for route in self.routes.for_event(event.event_type, version):
+            if route.recipient_lookup_field:
+                to = self.resolver.lookup(str(payload[route.recipient_lookup_field]))
+            else:
+                to = payload[route.recipient_field]
+            rendered = self.renderer.render(route.template, None, payload)
+            key = f"{event.idempotency_key or event.event_id}:{route.name}"
+            out.append(
+                (
+                    route,
+                    OutgoingEmail(
+                        message_id=0,
+                        event_id=event.event_id,
+                        idempotency_key=key,
+                        sender=SENDER,
+                        to=to,
+                        subject=rendered.subject,
+                        text=rendered.text,
+                        html=rendered.html,
+                        template=route.template,
+                        lane=event.lane,
+                        headers={"X-Email-Event-Id": event.event_id},
+                    ),
+                )
+            )
+        return out
+
+
+def message_row(event: Row, route: Any, email: OutgoingEmail, provider_id: str) -> dict:
+    now = utcnow()
+    return {
+        "event_id": event.event_id,
+        "route": route.name,
+        "template": route.template,
+        "template_version": 1,
+        "lane": event.lane,
+        "recipient": email.to,
+        "recipient_domain": email.to.rsplit("@", 1)[-1],
+        "idempotency_key": email.idempotency_key,
+        "status": "sent",
+        "attempts": 1,
+        "provider": "sandbox",
+        "provider_message_id": provider_id,
+        "created_at": now,
+        "updated_at": now,
+        "sent_at": now,
+    }
+
+
+def run(database_url: str, sandbox_url: str, batch_size: int, concurrency: int) -> None:
+    engine = make_engine(database_url)
+    mailer = Mailer(engine)
+    provider = SandboxProvider(sandbox_url, max_connections=concurrency, timeout_s=30)
+    stop = False
+
+    def _stop(*_: Any) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        while not stop:
+            now = utcnow()
+            with engine.begin() as connection:
+                ids = (
+                    connection.execute(
+                        select(outbox_table.c.event_id)
+                        .where(outbox_table.c.status == outbox.PENDING)
+                        # Critical first, like the lanes do; then oldest first.
+                        .order_by((outbox_table.c.lane != "critical"), outbox_table.c.published_at)
+                        .limit(batch_size)
+                    )
+                    .scalars()
+                    .all()
+                )
+                claimed = (
+                    outbox.claim(connection, ids, run_id="ceiling", lease_s=600, now=now)
+                    if ids
+                    else []
+                )
+            if not claimed:
+                time.sleep(0.05)
+                continue
+            work = [
+                (event, route, email)
+                for event in claimed
+                for route, email in mailer.emails_for(event)
+            ]
+
+            def send(item: tuple) -> dict:
+                event, route, email = item
+                accepted = provider.send(email)
+                return message_row(event, route, email, accepted.provider_message_id)
+
+            rows = list(pool.map(send, work))
+            with engine.begin() as connection:
+                connection.execute(insert(email_messages), rows)
+                outbox.finish(
+                    connection,
+                    [e.event_id for e in claimed],
+                    status=outbox.DONE,
+                    resolution="sent",
+                    now=utcnow(),
+                )
+    provider.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database-url", required=True)
+    parser.add_argument("--sandbox-url", required=True)
+    parser.add_argument("--batch-size", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=32)
+    args = parser.parse_args()
+    run(args.database_url, args.sandbox_url, args.batch_size, args.concurrency)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,396 @@
+"""Analytics assets: the operational tables loaded into DuckDB and joined into the email funnel.
+
+A thin shell over ``email_platform.warehouse``: one multi-asset loads and builds every table in
+one step and publishes them together as one snapshot (so ``email_funnel_daily`` never disagrees
+with the ``email_funnel`` an analyst sees next to it); asset checks read that published snapshot
+read-only, exactly as an analyst would; a sensor refreshes it after sends and webhook ingestion.
+"""
+
+import base64
+import hashlib
+import json
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetExecutionContext,
+    AssetKey,
+    AssetSelection,
+    AssetSpec,
+    DagsterRunStatus,
+    DefaultSensorStatus,
+    FreshnessPolicy,
+    MaterializeResult,
+    MetadataValue,
+    RunRequest,
+    RunsFilter,
+    SensorEvaluationContext,
+    SkipReason,
+    asset_check,
+    multi_asset,
+    sensor,
+)
+
+from email_platform import warehouse as core
+from email_platform.resources import AppDatabase
+from email_platform.resources.warehouse import Warehouse
+
+ANALYTICS_GROUP = "analytics"
+OPERATIONAL_GROUP = "operational"
+# New sends and webhooks reach the warehouse within about this long (the sensor's interval).
+FRESHNESS_S = 60
+# With nothing new, the warehouse is still refreshed this often, so its freshness is provable.
+HEARTBEAT_S = 3600
+RUN_TAGS = {"email/job": "analytics"}
+
+OPERATIONAL_TABLES = {
+    "email_outbox": "Application events published by product code (the outbox).",
+    "email_messages": "One row per event x route: the mail an event causes and its status.",
+    "email_attempts": "One row per provider call, with its outcome and HTTP status.",
+    "dead_letters": "Messages and events that could not be sent, and what became of them.",
+    "email_events": "Normalized provider events from webhooks, each stored once.",
+}
+
+MODELS: dict[str, tuple[str, list[str]]] = {
+    "stg_events": (
+        "Staging: one row per application event published to the outbox, with its lane, "
+        "status and resolution.",
+        ["email_outbox"],
+    ),
+    "stg_sends": (
+        "Staging: one row per message (event x route) with its template, lane, provider, "
+        "recipient domain (never the address), status and when the provider accepted it.",
+        ["email_messages"],
+    ),
+    "stg_attempts": (
+        "Staging: one row per provider call, with its outcome (accepted, transient, "
+        "permanent), HTTP status and duration.",
+        ["email_attempts"],
+    ),
+    "stg_provider_events": (
+        "Staging: every normalized provider event, each once. Orphans (no matching message) "
+        "have a null message_id.",
+        ["email_events"],
+    ),
+    "stg_deliveries": ("Staging: delivered events.", ["stg_provider_events"]),
+    "stg_opens": (
+        "Staging: open events, with machine opens (mail privacy proxies) flagged.",
+        ["stg_provider_events"],
+    ),
+    "stg_clicks": ("Staging: link clicks.", ["stg_provider_events"]),
+    "stg_bounces": (
+        "Staging: bounces, hard or soft, including bounces after delivery.",
+        ["stg_provider_events"],
+    ),
+    "stg_complaints": ("Staging: spam complaints.", ["stg_provider_events"]),
+    "stg_unsubscribes": ("Staging: unsubscribes.", ["stg_provider_events"]),
+    "stg_dead_letters": (
+        "Staging: dead letters with reason, attempts and status (open, replayed, discarded, "
+        "expired, suppressed).",
+        ["dead_letters"],
+    ),
+    "email_funnel": (
+        "The email funnel: one row per message, every hop joined on event_id. Event type, "
+        "template and version, lane, provider, recipient domain; when the event occurred, was "
+        "published, first attempted, accepted, delivered, first opened by a human, first "
+        "clicked, bounced (and how), complained and unsubscribed; the final status, attempts and "
+        "the latency between steps in seconds.",
+        [
+            "stg_sends",
+            "stg_events",
+            "stg_attempts",
+            "stg_deliveries",
+            "stg_opens",
+            "stg_clicks",
+            "stg_bounces",
+            "stg_complaints",
+            "stg_unsubscribes",
+            "stg_dead_letters",
+        ],
+    ),
+    "email_funnel_daily": (
+        "The funnel per UTC day x template x lane x provider: messages accepted, delivered, "
+        "opened by a human, clicked, bounced, complained, with their rates. Machine opens are "
+        "left out of the open rate and reported apart. Carries a funnel chart per template.",
+        ["email_funnel"],
+    ),
+}
+
+operational_tables = [
+    AssetSpec(
+        name,
+        group_name=OPERATIONAL_GROUP,
+        description=description + " Lives in the application database; read-only here.",
+        kinds={"sql"},
+    )
+    for name, description in OPERATIONAL_TABLES.items()
+]
+
+_freshness = FreshnessPolicy.time_window(
+    fail_window=timedelta(seconds=3 * HEARTBEAT_S), warn_window=timedelta(seconds=HEARTBEAT_S + 600)
+)
+_specs = [
+    AssetSpec(
+        name,
+        group_name=ANALYTICS_GROUP,
+        description=description,
+        deps=deps,
+        kinds={"duckdb"},
+        freshness_policy=_freshness,
+        metadata={
+            "sql": MetadataValue.path(str(core.ANALYTICS_DIR / f"{name}.sql")),
+            "materialized_as": "view" if name.startswith("stg_") else "table",
+        },
+    )
+    for name, (description, deps) in MODELS.items()
+]
+
+
+@multi_asset(
+    name="analytics_warehouse",
+    specs=_specs,
+    can_subset=False,
+    description=(
+        "Loads what changed in the operational tables since the last load into the DuckDB "
+        "warehouse, rebuilds the funnel rows it touches and publishes a new read-only snapshot."
+    ),
+)
+def analytics_warehouse(
+    context: AssetExecutionContext, app_database: AppDatabase, warehouse: Warehouse
+):
+    summary = core.refresh(
+        app_database.get_engine(), warehouse.resolved_path(), lookback_s=warehouse.lookback_s
+    )
+    context.log.info(
+        f"loaded {summary.total_loaded} rows ({summary.rows_loaded}); rebuilt "
+        f"{summary.messages_rebuilt} funnel rows over {summary.days_rebuilt} days"
+        + (" (full build)" if summary.full_build else "")
+        + f" in {summary.timings_s['total']:.2f}s"
+    )
+    for name in MODELS:
+        yield MaterializeResult(asset_key=AssetKey(name), metadata=_metadata(name, summary))
+
+
+_SOURCE_OF = {
+    "stg_events": "email_outbox",
+    "stg_sends": "email_messages",
+    "stg_attempts": "email_attempts",
+    "stg_provider_events": "email_events",
+    "stg_dead_letters": "dead_letters",
+}
+
+
+def _metadata(name: str, summary: core.RefreshSummary) -> dict[str, MetadataValue]:
+    metadata: dict[str, MetadataValue] = {
+        "refresh_s": MetadataValue.float(round(summary.timings_s["total"], 3)),
+        "full_build": MetadataValue.bool(summary.full_build),
+        "warehouse": MetadataValue.path(summary.warehouse_path),
+    }
+    source = _SOURCE_OF.get(name)
+    if source:
+        raw = core.SOURCES_BY_NAME[source].raw_table
+        metadata["dagster/row_count"] = MetadataValue.int(summary.table_rows[raw])
+        metadata["rows_loaded"] = MetadataValue.int(summary.rows_loaded[source])
+        metadata["rows_read"] = MetadataValue.int(summary.rows_read[source])
+        mark = summary.high_water_marks.get(source)
+        if mark is not None:
+            metadata["data_through"] = MetadataValue.timestamp(mark)
+    if name == core.FUNNEL:
+        metadata["dagster/row_count"] = MetadataValue.int(summary.table_rows[core.FUNNEL])
+        metadata["messages_rebuilt"] = MetadataValue.int(summary.messages_rebuilt)
+        for key, value in summary.funnel.items():
+            if value is None:
+                continue
+            metadata[key] = (
+                MetadataValue.int(value)
+                if isinstance(value, int)
+                else MetadataValue.float(round(float(value), 6))
+            )
+    if name == core.FUNNEL_DAILY:
+        metadata["dagster/row_count"] = MetadataValue.int(summary.table_rows[core.FUNNEL_DAILY])
+        metadata["days_rebuilt"] = MetadataValue.int(summary.days_rebuilt)
+        metadata.update(_daily_chart(summary.warehouse_path))
+    return metadata
+
+
+def _daily_chart(warehouse_path: str) -> dict[str, MetadataValue]:
+    """The funnel chart as SVG: inline in the UI (a data URI) and as a file beside the warehouse."""
+    connection = core.connect_read_only(warehouse_path)
+    try:
+        rows = core.funnel_by_template(connection, days=7)
+    finally:
+        connection.close()
+    svg = core.funnel_chart_svg(rows, title="Funnel by template, last 7 days (human opens)")
+    chart = Path(f"{warehouse_path}.funnel.svg")
+    chart.write_text(svg)
+    encoded = base64.b64encode(svg.encode()).decode()
+    table = "\n".join(
+        f"| {r['template']} | {r['messages']:,} | {r['accepted']:,} | {r['delivered']:,} | "
+        f"{r['human_opened']:,} | {r['clicked']:,} | {r['machine_opened']:,} |"
+        for r in rows
+    )
+    markdown = (
+        f"![funnel by template](data:image/svg+xml;base64,{encoded})\n\n"
+        "| template | event | accepted | delivered | opened | clicked | machine opens |\n"
+        "|---|---:|---:|---:|---:|---:|---:|\n" + table
+    )
+    return {
+        "funnel_chart": MetadataValue.md(markdown),
+        "funnel_chart_svg": MetadataValue.path(chart),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks: read the published snapshot, as an analyst would.
+
+
+def _result(outcome: core.CheckOutcome) -> AssetCheckResult:
+    return AssetCheckResult(
+        passed=outcome.passed,
+        severity=AssetCheckSeverity.ERROR
+        if outcome.severity == "ERROR"
+        else AssetCheckSeverity.WARN,
+        description=outcome.description,
+        metadata=outcome.metadata,
+    )
+
+
+def _run(warehouse: Warehouse, check, *args) -> AssetCheckResult:  # type: ignore[no-untyped-def]
+    connection = core.connect_read_only(warehouse.resolved_path())
+    try:
+        return _result(check(connection, *args))
+    finally:
+        connection.close()
+
+
+@asset_check(
+    asset="email_funnel",
+    name="one_row_per_message",
+    description="Exactly one funnel row per message loaded: none missing, none doubled.",
+)
+def one_row_per_message(warehouse: Warehouse) -> AssetCheckResult:
+    return _run(warehouse, core.check_one_row_per_message)
+
+
+@asset_check(
+    asset="email_funnel",
+    name="provider_events_joined",
+    description=(
+        "Every provider event joins to a message. Orphans (a webhook for mail we cannot match) "
+        "are counted by type; any orphan is a warning."
+    ),
+)
+def provider_events_joined(warehouse: Warehouse) -> AssetCheckResult:
+    return _run(warehouse, core.check_provider_events_joined)
+
+
+@asset_check(
+    asset="email_funnel",
+    name="no_negative_latencies",
+    description=(
+        "No latency between steps is negative (beyond the configured clock skew between our "
+        "hosts and the provider's)."
+    ),
+)
+def no_negative_latencies(warehouse: Warehouse) -> AssetCheckResult:
+    return _run(warehouse, core.check_no_negative_latencies, warehouse.thresholds())
+
+
+@asset_check(
+    asset="stg_dead_letters",
+    name="open_dead_letters",
+    description="Dead letters waiting for an operator, by reason. Any open one is a warning.",
+)
+def open_dead_letters(warehouse: Warehouse) -> AssetCheckResult:
+    return _run(warehouse, core.check_open_dead_letters)
+
+
+@asset_check(
+    asset="email_funnel_daily",
+    name="bounce_rate_under_threshold",
+    description=(
+        "The daily bounce rate of each template x lane x provider over the last days stays "
+        "under the threshold (Warehouse.bounce_rate_threshold). A breach is an error."
+    ),
+)
+def bounce_rate_under_threshold(warehouse: Warehouse) -> AssetCheckResult:
+    thresholds = warehouse.thresholds()
+    return _run(warehouse, core.check_daily_rate, "bounce_rate", thresholds.bounce_rate, thresholds)
+
+
+@asset_check(
+    asset="email_funnel_daily",
+    name="complaint_rate_under_threshold",
+    description=(
+        "The daily spam-complaint rate of each template x lane x provider over the last days "
+        "stays under the threshold (Warehouse.complaint_rate_threshold). A breach is an error."
+    ),
+)
+def complaint_rate_under_threshold(warehouse: Warehouse) -> AssetCheckResult:
+    thresholds = warehouse.thresholds()
+    return _run(
+        warehouse, core.check_daily_rate, "complaint_rate", thresholds.complaint_rate, thresholds
+    )
+
+
+analytics_checks = [
+    one_row_per_message,
+    provider_events_joined,
+    no_negative_latencies,
+    open_dead_letters,
+    bounce_rate_under_threshold,
+    complaint_rate_under_threshold,
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Automation
+
+
+_IN_FLIGHT = [
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+]
+analytics_selection = AssetSelection.assets(analytics_warehouse)
+
+
+@sensor(
+    name="analytics_refresh_sensor",
+    asset_selection=analytics_selection,
+    minimum_interval_seconds=FRESHNESS_S,
+    default_status=DefaultSensorStatus.RUNNING,
+    description=(
+        f"Refreshes the DuckDB warehouse (the analytics group and its checks) within "
+        f"{FRESHNESS_S}s of new sends, attempts, webhooks or dead-letter changes, and at least "
+        f"every {HEARTBEAT_S // 60} minutes. One refresh at a time."
+    ),
+)
+def analytics_refresh_sensor(
+    context: SensorEvaluationContext, app_database: AppDatabase
+) -> RunRequest | SkipReason:
+    cursor = json.loads(context.cursor) if context.cursor else {}
+    fingerprint = core.operational_fingerprint(app_database.get_engine())
+    now = time.time()
+    due = now - cursor.get("requested_at", 0) >= HEARTBEAT_S
+    if fingerprint == cursor.get("fingerprint") and not due:
+        return SkipReason("Nothing new in the operational tables since the last refresh.")
+    running = context.instance.get_runs(
+        filters=RunsFilter(tags=RUN_TAGS, statuses=_IN_FLIGHT), limit=1
+    )
+    if running:
+        return SkipReason(f"Refresh run {running[0].run_id} is still in flight.")
+    context.update_cursor(json.dumps({"fingerprint": fingerprint, "requested_at": now}))
+    stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%dT%H%M%S")
+    return RunRequest(
+        run_key=f"analytics:{stamp}:{hashlib.sha256(fingerprint.encode()).hexdigest()[:8]}",
+        asset_selection=list(analytics_warehouse.keys),
+        tags=RUN_TAGS,
+    )
+
+
+analytics_sensors = [analytics_refresh_sensor]

@@ -1,0 +1,570 @@
+"""The funnel is built right: every column of a hand-checked set of messages, incremental loads
+that never load twice and equal a full rebuild, checks that go red, and the assets' wiring.
+
+The fixture is written straight into the operational tables on both backends: duplicates,
+out-of-order provider events, a machine open, a bounce after delivery, a dead letter, a message
+that was never sent and a provider event that matches no message.
+"""
+
+from datetime import UTC, date, datetime, timedelta
+
+import duckdb
+import pytest
+from dagster import AssetCheckSeverity, AssetKey, build_sensor_context, materialize
+from sqlalchemy import Engine, insert, update
+
+from email_platform import warehouse
+from email_platform.assets import analytics_assets, analytics_checks, analytics_warehouse
+from email_platform.assets.analytics import MODELS, analytics_refresh_sensor
+from email_platform.db.schema import (
+    dead_letters,
+    email_attempts,
+    email_events,
+    email_messages,
+    email_outbox,
+)
+from email_platform.resources import AppDatabase, Warehouse
+
+T0 = datetime(2026, 3, 2, 10, 0, 0, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def naive(seconds: float) -> datetime:
+    return at(seconds).replace(tzinfo=None)
+
+
+EVENTS = [
+    # event_id, type, version, lane, occurred, published
+    ("E1", "user.signed_up", 2, "transactional", 0, 1),
+    ("E2", "order.paid", 1, "transactional", 60, 61),
+    ("E3", "user.password_reset_requested", 1, "critical", 120, 120.5),
+    ("E4", "digest.ready", 1, "bulk", 3598, 3599),
+    ("E5", "user.signed_up", 2, "transactional", 7190, 7191),
+]
+MESSAGES = [
+    # id, event, template, version, lane, domain, status, attempts, provider, created, sent_at
+    (1, "E1", "welcome", 2, "transactional", "example.com", "sent", 2, "sandbox", 2, 10),
+    (2, "E2", "receipt", 1, "transactional", "gmail.com", "sent", 1, "sandbox", 62, 63),
+    (3, "E3", "password_reset", 1, "critical", "example.com", "dead", 1, "sandbox", 121, None),
+    (4, "E4", "weekly_digest", 1, "bulk", "yahoo.com", "sent", 1, "sandbox", 3600, 3605),
+    (5, "E5", "welcome", 2, "transactional", "example.org", "suppressed", 0, None, 7200, None),
+]
+ATTEMPTS = [
+    # id, message, started, finished, outcome, http
+    (1, 1, 5, 6, "transient", 503),
+    (2, 1, 9, 10, "accepted", 200),
+    (3, 2, 62.5, 63, "accepted", 200),
+    (4, 3, 122, 123, "permanent", 422),
+    (5, 4, 3601, 3605, "accepted", 200),
+]
+PROVIDER_EVENTS = [
+    # provider event id, message, type, occurred, received, extra
+    ("p1", 1, "delivered", 20, 21, {}),
+    ("p2", 1, "delivered", 25, 26, {}),  # the provider said it twice
+    ("p3", 1, "opened", 30, 31, {"machine_open": True}),  # Apple's proxy, not a reader
+    ("p4", 1, "opened", 100, 101, {"machine_open": False}),
+    ("p5", 1, "opened", 50, 400, {"machine_open": False}),  # earlier open, arrives late
+    ("p6", 1, "clicked", 200, 201, {"click_url": "https://app.example.com/a"}),
+    ("p7", 1, "clicked", 150, 450, {"click_url": "https://app.example.com/b"}),
+    ("p8", 2, "delivered", 70, 71, {}),
+    ("p9", 2, "bounced", 300, 301, {"bounce_type": "hard"}),  # bounce after delivery
+    ("p10", 4, "complained", 4200, 4201, {}),  # arrives before the delivered event
+    ("p11", 4, "delivered", 3610, 4300, {}),
+    ("p12", 4, "opened", 4000, 4301, {"machine_open": False}),
+    ("p13", 4, "unsubscribed", 4100, 4302, {}),
+    ("p14", None, "opened", 500, 501, {"machine_open": False}),  # matches no message
+]
+
+
+def write_fixture(engine: Engine) -> None:
+    aware = engine.dialect.name == "postgresql"
+    ts = at if aware else naive
+
+    def when(seconds: float | None) -> datetime | None:
+        return None if seconds is None else ts(seconds)
+
+    with engine.begin() as connection:
+        connection.execute(
+            insert(email_outbox),
+            [
+                {
+                    "event_id": event_id,
+                    "event_type": kind,
+                    "event_version": version,
+                    "aggregate_id": f"agg_{event_id}",
+                    "occurred_at": when(occurred),
+                    "published_at": when(published),
+                    "payload": {},
+                    "event_metadata": {},
+                    "lane": lane,
+                    "available_at": when(published),
+                    "status": "dead" if event_id == "E3" else "done",
+                    "resolution": "dead" if event_id == "E3" else "sent",
+                    "done_at": when(published + 30),
+                }
+                for event_id, kind, version, lane, occurred, published in EVENTS
+            ],
+        )
+        connection.execute(
+            insert(email_messages),
+            [
+                {
+                    "message_id": mid,
+                    "event_id": event_id,
+                    "route": template,
+                    "template": template,
+                    "template_version": version,
+                    "lane": lane,
+                    "recipient": f"someone@{domain}",
+                    "recipient_domain": domain,
+                    "idempotency_key": f"{event_id}:{template}",
+                    "status": status,
+                    "attempts": attempts,
+                    "provider": provider,
+                    "provider_message_id": f"sbx_{mid}" if sent_at else None,
+                    "created_at": when(created),
+                    "updated_at": when(sent_at or created + 5),
+                    "sent_at": when(sent_at),
+                }
+                for (
+                    mid,
+                    event_id,
+                    template,
+                    version,
+                    lane,
+                    domain,
+                    status,
+                    attempts,
+                    provider,
+                    created,
+                    sent_at,
+                ) in MESSAGES
+            ],
+        )
+        event_of = {m[0]: m[1] for m in MESSAGES}
+        connection.execute(
+            insert(email_attempts),
+            [
+                {
+                    "attempt_id": aid,
+                    "message_id": mid,
+                    "event_id": event_of[mid],
+                    "run_id": "run-1",
+                    "attempt_no": 1 if aid in (1, 3, 4, 5) else 2,
+                    "started_at": when(started),
+                    "finished_at": when(finished),
+                    "outcome": outcome,
+                    "http_status": http,
+                }
+                for aid, mid, started, finished, outcome, http in ATTEMPTS
+            ],
+        )
+        connection.execute(
+            insert(dead_letters).values(
+                dead_letter_id=1,
+                event_id="E3",
+                message_id=3,
+                lane="critical",
+                reason="provider_rejected",
+                attempts=1,
+                run_id="run-1",
+                status="open",
+                created_at=when(124),
+            )
+        )
+        connection.execute(
+            insert(email_events),
+            [
+                {
+                    "provider": "sandbox",
+                    "provider_event_id": pid,
+                    "event_type": kind,
+                    "occurred_at": when(occurred),
+                    "received_at": when(received),
+                    "event_id": event_of.get(mid),
+                    "message_id": mid,
+                    "provider_message_id": f"sbx_{mid}",
+                    "recipient": "someone@example.com",
+                    "recipient_domain": "example.com",
+                    "bounce_type": extra.get("bounce_type"),
+                    "click_url": extra.get("click_url"),
+                    "machine_open": extra.get("machine_open"),
+                }
+                for pid, mid, kind, occurred, received, extra in PROVIDER_EVENTS
+            ],
+        )
+
+
+def ts(seconds: float | None) -> datetime | None:
+    return None if seconds is None else naive(seconds)
+
+
+def funnel_row(**overrides) -> dict:  # type: ignore[no-untyped-def]
+    row = dict.fromkeys(FUNNEL_COLUMNS)
+    row.update(open_count=0, machine_open_count=0, click_count=0, day=date(2026, 3, 2))
+    row.update(overrides)
+    return row
+
+
+FUNNEL_COLUMNS = [
+    "message_id", "event_id", "event_type", "event_version", "route", "template",
+    "template_version", "lane", "provider", "recipient_domain", "day", "event_occurred_at",
+    "published_at", "created_at", "first_attempt_at", "accepted_at", "delivered_at",
+    "first_open_at", "first_click_at", "bounced_at", "bounce_type", "complained_at",
+    "unsubscribed_at", "first_machine_open_at", "dead_lettered_at", "final_status",
+    "delivery_status", "attempts", "open_count", "machine_open_count", "click_count",
+    "dead_letter_reason", "dead_letter_status", "publish_delay_s", "queue_delay_s",
+    "send_duration_s", "event_to_accepted_s", "delivery_delay_s", "time_to_open_s",
+    "time_to_click_s", "time_to_bounce_s",
+]  # fmt: skip
+
+EXPECTED_FUNNEL = [
+    funnel_row(
+        message_id=1, event_id="E1", event_type="user.signed_up", event_version=2,
+        route="welcome", template="welcome", template_version=2, lane="transactional",
+        provider="sandbox", recipient_domain="example.com",
+        event_occurred_at=ts(0), published_at=ts(1), created_at=ts(2), first_attempt_at=ts(5),
+        accepted_at=ts(10), delivered_at=ts(20), first_open_at=ts(50), first_click_at=ts(150),
+        first_machine_open_at=ts(30), final_status="sent", attempts=2,
+        open_count=2, machine_open_count=1, click_count=2,
+        publish_delay_s=1.0, queue_delay_s=4.0, send_duration_s=5.0, event_to_accepted_s=10.0,
+        delivery_delay_s=10.0, time_to_open_s=40.0, time_to_click_s=140.0,
+    ),
+    funnel_row(
+        message_id=2, event_id="E2", event_type="order.paid", event_version=1,
+        route="receipt", template="receipt", template_version=1, lane="transactional",
+        provider="sandbox", recipient_domain="gmail.com",
+        event_occurred_at=ts(60), published_at=ts(61), created_at=ts(62),
+        first_attempt_at=ts(62.5), accepted_at=ts(63), delivered_at=ts(70), bounced_at=ts(300),
+        bounce_type="hard", final_status="sent", attempts=1,
+        publish_delay_s=1.0, queue_delay_s=1.5, send_duration_s=0.5, event_to_accepted_s=3.0,
+        delivery_delay_s=7.0, time_to_bounce_s=237.0,
+    ),
+    funnel_row(
+        message_id=3, event_id="E3", event_type="user.password_reset_requested",
+        event_version=1, route="password_reset", template="password_reset", template_version=1,
+        lane="critical", provider="sandbox", recipient_domain="example.com",
+        event_occurred_at=ts(120), published_at=ts(120.5), created_at=ts(121),
+        first_attempt_at=ts(122), dead_lettered_at=ts(124), final_status="dead", attempts=1,
+        dead_letter_reason="provider_rejected", dead_letter_status="open",
+        publish_delay_s=0.5, queue_delay_s=1.5,
+    ),
+    funnel_row(
+        message_id=4, event_id="E4", event_type="digest.ready", event_version=1,
+        route="weekly_digest", template="weekly_digest", template_version=1, lane="bulk",
+        provider="sandbox", recipient_domain="yahoo.com",
+        event_occurred_at=ts(3598), published_at=ts(3599), created_at=ts(3600),
+        first_attempt_at=ts(3601), accepted_at=ts(3605), delivered_at=ts(3610),
+        first_open_at=ts(4000), complained_at=ts(4200), unsubscribed_at=ts(4100),
+        final_status="sent", attempts=1, open_count=1,
+        publish_delay_s=1.0, queue_delay_s=2.0, send_duration_s=4.0, event_to_accepted_s=7.0,
+        delivery_delay_s=5.0, time_to_open_s=395.0,
+    ),
+    funnel_row(
+        message_id=5, event_id="E5", event_type="user.signed_up", event_version=2,
+        route="welcome", template="welcome", template_version=2, lane="transactional",
+        provider=None, recipient_domain="example.org",
+        event_occurred_at=ts(7190), published_at=ts(7191), created_at=ts(7200),
+        final_status="suppressed", attempts=0, publish_delay_s=1.0,
+    ),
+]  # fmt: skip
+
+DAILY_KEYS = ["day", "template", "lane", "provider"]
+
+
+def rows(path, sql: str) -> list[dict]:  # type: ignore[no-untyped-def]
+    connection = warehouse.connect_read_only(path)
+    try:
+        cursor = connection.execute(sql)
+        names = [d[0] for d in cursor.description]
+        return [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
+    finally:
+        connection.close()
+
+
+@pytest.fixture
+def loaded(engine, tmp_path):  # type: ignore[no-untyped-def]
+    write_fixture(engine)
+    path = tmp_path / "warehouse.duckdb"
+    summary = warehouse.refresh(engine, path)
+    return engine, path, summary
+
+
+def test_funnel_matches_the_hand_checked_rows_column_by_column(loaded):
+    _, path, summary = loaded
+    got = rows(path, "SELECT * FROM email_funnel ORDER BY message_id")
+    assert list(got[0]) == FUNNEL_COLUMNS
+    for expected, actual in zip(EXPECTED_FUNNEL, got, strict=True):
+        for column in FUNNEL_COLUMNS:
+            assert actual[column] == expected[column], (expected["message_id"], column)
+    assert summary.rows_loaded == {
+        "email_outbox": 5,
+        "email_messages": 5,
+        "email_attempts": 5,
+        "dead_letters": 1,
+        "email_events": 14,
+    }
+    # Nothing identifying a person reaches the warehouse.
+    columns = rows(path, "SELECT column_name FROM information_schema.columns")
+    assert not {"recipient", "payload", "raw", "user_agent"} & {c["column_name"] for c in columns}
+
+
+def test_daily_counts_rates_and_machine_opens_apart(loaded):
+    _, path, _ = loaded
+    got = {
+        (r["template"], r["provider"]): r
+        for r in rows(path, "SELECT * FROM email_funnel_daily ORDER BY ALL")
+    }
+    assert set(got) == {
+        ("welcome", "sandbox"),
+        ("welcome", None),
+        ("receipt", "sandbox"),
+        ("password_reset", "sandbox"),
+        ("weekly_digest", "sandbox"),
+    }
+    welcome = got[("welcome", "sandbox")]
+    assert {k: welcome[k] for k in list(welcome)[4:20]} == {
+        "messages": 1, "accepted": 1, "delivered": 1, "human_opened": 1,
+        "machine_opened_only": 0, "machine_opened": 1, "clicked": 1, "bounced": 0,
+        "hard_bounced": 0, "complained": 0, "unsubscribed": 0, "suppressed": 0,
+        "duplicate": 0, "expired": 0, "dead": 0, "pending": 0,
+    }  # fmt: skip
+    assert (welcome["open_rate"], welcome["machine_open_rate"], welcome["click_rate"]) == (1, 1, 1)
+    assert welcome["event_to_accepted_p50_s"] == 10.0 and welcome["time_to_open_p50_s"] == 40.0
+    receipt = got[("receipt", "sandbox")]
+    assert (receipt["delivered"], receipt["bounced"], receipt["hard_bounced"]) == (1, 1, 1)
+    assert (receipt["delivery_rate"], receipt["bounce_rate"], receipt["open_rate"]) == (1, 1, 0)
+    reset = got[("password_reset", "sandbox")]
+    assert (reset["accepted"], reset["dead"], reset["delivery_rate"]) == (0, 1, None)
+    digest = got[("weekly_digest", "sandbox")]
+    assert (digest["complained"], digest["unsubscribed"], digest["complaint_rate"]) == (1, 1, 1)
+    assert got[("welcome", None)]["suppressed"] == 1
+    assert got[("welcome", None)]["lane"] == "transactional"
+
+
+def test_a_rerun_loads_nothing_and_changes_nothing(loaded):
+    engine, path, _ = loaded
+    before = rows(path, "SELECT * FROM email_funnel ORDER BY message_id")
+    again = warehouse.refresh(engine, path)
+    assert again.total_loaded == 0 and not again.full_build
+    assert again.messages_rebuilt == 0
+    assert sum(again.rows_read.values()) > 0  # the look-back window was re-read ...
+    assert (
+        rows(path, "SELECT * FROM email_funnel ORDER BY message_id") == before
+    )  # ... to no effect
+
+
+def test_changed_and_new_rows_are_loaded_once_and_match_a_full_rebuild(loaded, tmp_path):
+    engine, path, _ = loaded
+    aware = engine.dialect.name == "postgresql"
+    when = at if aware else naive
+    with engine.begin() as connection:
+        # An operator replays the dead letter and the message goes out.
+        connection.execute(
+            update(dead_letters)
+            .where(dead_letters.c.dead_letter_id == 1)
+            .values(status="replayed", resolved_at=when(9000))
+        )
+        connection.execute(
+            update(email_messages)
+            .where(email_messages.c.message_id == 3)
+            .values(status="sent", sent_at=when(9001), updated_at=when(9001), attempts=2)
+        )
+        connection.execute(
+            insert(email_attempts).values(
+                attempt_id=6, message_id=3, event_id="E3", run_id="run-2", attempt_no=2,
+                started_at=when(9000), finished_at=when(9001), outcome="accepted",
+                http_status=200,
+            )
+        )  # fmt: skip
+        # A late click on the digest, received now.
+        connection.execute(
+            insert(email_events).values(
+                provider="sandbox", provider_event_id="p15", event_type="clicked",
+                occurred_at=when(8000), received_at=when(9002), event_id="E4", message_id=4,
+                click_url="https://app.example.com/digest",
+            )
+        )  # fmt: skip
+    summary = warehouse.refresh(engine, path)
+    assert summary.rows_loaded == {
+        "email_outbox": 0,
+        "email_messages": 1,
+        "email_attempts": 1,
+        "dead_letters": 1,
+        "email_events": 1,
+    }
+    assert (summary.messages_rebuilt, summary.days_rebuilt, summary.full_build) == (2, 1, False)
+    got = {r["message_id"]: r for r in rows(path, "SELECT * FROM email_funnel")}
+    assert got[3]["final_status"] == "sent" and got[3]["accepted_at"] == naive(9001)
+    assert got[3]["dead_letter_status"] == "replayed"
+    assert got[3]["event_to_accepted_s"] == 8881.0
+    assert got[4]["click_count"] == 1 and got[4]["first_click_at"] == naive(8000)
+    assert warehouse.refresh(engine, path).total_loaded == 0
+    # The incremental result is exactly what a build from scratch gives.
+    fresh = tmp_path / "fresh.duckdb"
+    warehouse.refresh(engine, fresh, full=True)
+    for table in ("email_funnel", "email_funnel_daily"):
+        sql = f"SELECT * FROM {table} ORDER BY ALL"
+        assert rows(path, sql) == rows(fresh, sql), table
+
+
+def test_question_files_run_read_only_against_the_snapshot(loaded):
+    _, path, _ = loaded
+    names = warehouse.question_names()
+    assert names == [
+        "bounce_rate_by_domain",
+        "dead_letters_by_reason",
+        "funnel_by_template",
+        "time_to_open_distribution",
+        "welcome_open_rate_weekly",
+    ]
+    answers = {name: warehouse.run_question(path, name) for name in names}
+    weekly = answers["welcome_open_rate_weekly"]
+    assert weekly.iloc[0]["human_opened"] == 1 and weekly.iloc[0]["delivered"] == 1
+    assert weekly.iloc[0]["open_rate"] == 1.0 and weekly.iloc[0]["machine_opened"] == 1
+    by_reason = answers["dead_letters_by_reason"]
+    assert by_reason.iloc[0]["reason"] == "provider_rejected" and by_reason.iloc[0]["open"] == 1
+    assert not answers["funnel_by_template"].empty
+    assert not answers["bounce_rate_by_domain"].empty
+    assert not answers["time_to_open_distribution"].empty
+
+
+def test_funnel_report_for_the_demo(loaded):
+    _, path, _ = loaded
+    report = warehouse.funnel_report(path, event_ids=["E1", "E5", "E2"])
+    assert [r["template"] for r in report.rows] == ["receipt", "welcome"]
+    welcome = report.rows[1]
+    assert (welcome["messages"], welcome["human_opened"], welcome["machine_opened"]) == (2, 1, 1)
+    assert report.welcome_open_rate == 1.0
+    text = report.to_text()
+    assert "Welcome email human open rate: 100.0%" in text
+    assert warehouse.funnel_row(path, "E2")[0]["bounce_type"] == "hard"
+
+
+def test_checks_pass_and_fail_with_the_right_severity(loaded):
+    _, path, _ = loaded
+    connection = warehouse.connect_read_only(path)
+    try:
+        strict = warehouse.Thresholds(min_accepted=1)
+        one_row = warehouse.check_one_row_per_message(connection)
+        orphans = warehouse.check_provider_events_joined(connection)
+        latencies = warehouse.check_no_negative_latencies(connection)
+        letters = warehouse.check_open_dead_letters(connection)
+        bounce = warehouse.check_daily_rate(connection, "bounce_rate", 0.05, strict)
+        quiet = warehouse.check_daily_rate(connection, "bounce_rate", 0.05)  # too few to judge
+        complaints = warehouse.check_daily_rate(connection, "complaint_rate", 0.003, strict)
+    finally:
+        connection.close()
+    assert one_row.passed and latencies.passed
+    assert (orphans.passed, orphans.severity, orphans.metadata["orphans"]) == (False, "WARN", 1)
+    assert orphans.metadata["orphans_opened"] == 1
+    assert (letters.passed, letters.metadata["open_provider_rejected"]) == (False, 1)
+    assert (bounce.passed, bounce.severity, bounce.metadata["rows_breaching"]) == (
+        False,
+        "ERROR",
+        1,
+    )
+    assert "receipt/transactional/sandbox" in bounce.description
+    assert quiet.passed and quiet.metadata["rows_checked"] == 0
+    assert not complaints.passed
+
+
+def test_a_negative_latency_and_a_doubled_row_fail_as_errors(loaded):
+    _, path, _ = loaded
+    writer = duckdb.connect(str(path))  # a doctored copy; no refresh runs here
+    try:
+        writer.execute("UPDATE email_funnel SET delivery_delay_s = -30 WHERE message_id = 1")
+        writer.execute("INSERT INTO email_funnel SELECT * FROM email_funnel WHERE message_id = 2")
+        latencies = warehouse.check_no_negative_latencies(writer)
+        one_row = warehouse.check_one_row_per_message(writer)
+    finally:
+        writer.close()
+    assert (latencies.passed, latencies.severity) == (False, "ERROR")
+    assert latencies.metadata["negative_delivery_delay_s"] == 1
+    assert (one_row.passed, one_row.severity) == (False, "ERROR")
+
+
+def test_assets_materialize_with_metadata_and_checks_in_dagster(engine, database_url, tmp_path):
+    write_fixture(engine)
+    path = tmp_path / "warehouse.duckdb"
+    result = materialize(
+        [analytics_warehouse, *analytics_checks],
+        resources={
+            "app_database": AppDatabase(url=database_url),
+            "warehouse": Warehouse(path=str(path), min_accepted_per_day=1),
+        },
+    )
+    assert result.success
+    materialized = {m.asset_key.path[-1]: m for m in result.get_asset_materialization_events()}
+    assert set(materialized) == set(MODELS)
+    funnel = materialized["email_funnel"].materialization.metadata
+    assert funnel["dagster/row_count"].value == 5 and funnel["accepted"].value == 3
+    assert funnel["open_rate"].value == pytest.approx(2 / 3)
+    daily = materialized["email_funnel_daily"].materialization.metadata
+    assert "data:image/svg+xml;base64," in daily["funnel_chart"].value
+    assert (tmp_path / "warehouse.duckdb.funnel.svg").read_text().startswith("<svg")
+    sends = materialized["stg_sends"].materialization.metadata
+    assert sends["rows_loaded"].value == 5 and sends["data_through"].value > 0
+    checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert set(checks) == {
+        "one_row_per_message",
+        "provider_events_joined",
+        "no_negative_latencies",
+        "open_dead_letters",
+        "bounce_rate_under_threshold",
+        "complaint_rate_under_threshold",
+    }
+    assert checks["one_row_per_message"].passed
+    assert checks["bounce_rate_under_threshold"].passed is False
+    assert checks["bounce_rate_under_threshold"].severity == AssetCheckSeverity.ERROR
+    assert checks["provider_events_joined"].severity == AssetCheckSeverity.WARN
+    assert checks["provider_events_joined"].metadata["orphans"].value == 1
+
+
+def test_code_location_registers_assets_checks_sensor_and_resource():
+    from email_platform.definitions import defs
+
+    repository = defs.get_repository_def()
+    keys = {key.path[-1] for key in repository.asset_graph.get_all_asset_keys()}
+    assert set(MODELS) <= keys
+    assert {"email_outbox", "email_messages", "email_events"} <= keys
+    node = repository.assets_defs_by_key[AssetKey("email_funnel")]
+    assert node.specs_by_key[AssetKey("email_funnel")].group_name == "analytics"
+    for spec in node.specs:
+        assert spec.description and len(spec.description) > 20
+    check_keys = repository.asset_graph.asset_check_keys
+    assert len(check_keys) == len(analytics_checks)
+    sensor = repository.get_sensor_def("analytics_refresh_sensor")
+    assert sensor.default_status.value == "RUNNING" and sensor.description
+    assert "warehouse" in repository.get_top_level_resources()
+    assert analytics_assets[0] is analytics_warehouse
+
+
+def test_sensor_requests_a_refresh_only_when_something_changed(engine, database_url):
+    write_fixture(engine)
+    from dagster import DagsterInstance
+
+    instance = DagsterInstance.ephemeral()
+    resources = {"app_database": AppDatabase(url=database_url)}
+
+    def tick(cursor):  # type: ignore[no-untyped-def]
+        with build_sensor_context(instance=instance, resources=resources, cursor=cursor) as ctx:
+            return analytics_refresh_sensor(ctx), ctx.cursor
+
+    first, cursor = tick(None)
+    assert first.run_key and first.tags["email/job"] == "analytics"
+    assert {k.path[-1] for k in first.asset_selection} == set(MODELS)
+    skipped, cursor = tick(cursor)
+    assert "Nothing new" in skipped.skip_message
+    aware = engine.dialect.name == "postgresql"
+    with engine.begin() as connection:
+        connection.execute(
+            update(email_messages)
+            .where(email_messages.c.message_id == 5)
+            .values(updated_at=(at if aware else naive)(10_000))
+        )
+    again, _ = tick(cursor)
+    assert again.run_key != first.run_key
