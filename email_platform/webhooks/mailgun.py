@@ -68,6 +68,7 @@ from email_platform import config
 from email_platform.errors import ConfigurationError
 from email_platform.timeutil import utcnow
 from email_platform.webhooks.errors import WebhookMalformed, WebhookRejected
+from email_platform.webhooks.fields import as_object, fitting_id, stripped_text
 from email_platform.webhooks.opens import is_machine_open
 from email_platform.webhooks.vocabulary import NormalizedEvent
 
@@ -167,36 +168,38 @@ def _event(data: dict[str, Any]) -> NormalizedEvent:
     reason = None
     if kind == "failed":
         event_type, bounce_type = _failure(data)
-        status = _object(data.get("delivery-status"))
+        status = as_object(data.get("delivery-status"))
         detail = " ".join(
             p
             for p in (
-                _text(status.get("code")),
-                _text(status.get("message")) or _text(status.get("description")),
+                stripped_text(status.get("code")),
+                stripped_text(status.get("message")) or stripped_text(status.get("description")),
             )
             if p
         )
-        reason = _join(_text(data.get("reason")), detail)
+        reason = _join(stripped_text(data.get("reason")), detail)
     elif kind == "rejected":
-        reject = _object(data.get("reject"))
-        reason = _join(_text(reject.get("reason")), _text(reject.get("description")))
+        reject = as_object(data.get("reject"))
+        reason = _join(
+            stripped_text(reject.get("reason")), stripped_text(reject.get("description"))
+        )
 
-    message = _object(data.get("message"))
-    headers = _object(message.get("headers"))
-    message_id = _text(headers.get("message-id"))
+    message = as_object(data.get("message"))
+    headers = as_object(message.get("headers"))
+    message_id = stripped_text(headers.get("message-id"))
     if message_id:
         message_id = message_id.removeprefix("<").removesuffix(">")
-    variables = _object(data.get("user-variables"))
-    client = _object(data.get("client-info"))
-    user_agent = _text(client.get("user-agent"))
-    ip = _text(data.get("ip"))
+    variables = as_object(data.get("user-variables"))
+    client = as_object(data.get("client-info"))
+    user_agent = stripped_text(client.get("user-agent"))
+    ip = stripped_text(data.get("ip"))
     machine = None
     if event_type == "opened":
         machine = is_machine_open(
             user_agent=user_agent,
             ip=ip,
             seconds_after_delivery=None,
-            provider_flag=bool(_text(client.get("bot"))),
+            provider_flag=bool(stripped_text(client.get("bot"))),
         )
     return NormalizedEvent(
         provider=PROVIDER,
@@ -204,13 +207,13 @@ def _event(data: dict[str, Any]) -> NormalizedEvent:
         event_type=event_type,
         occurred_at=_time(data.get("timestamp")),
         # Rejections may carry no recipient; the message's To header still names it.
-        recipient=_text(data.get("recipient")) or _address(headers.get("to")),
+        recipient=stripped_text(data.get("recipient")) or _address(headers.get("to")),
         event_id=_our_id(variables.get("event_id"), 26),
         idempotency_key=_our_id(variables.get("idempotency_key"), 255),
         provider_message_id=message_id,
         reject_reason=reason[:255] if reason else None,
         bounce_type=bounce_type,
-        click_url=_text(data.get("url")) if event_type == "clicked" else None,
+        click_url=stripped_text(data.get("url")) if event_type == "clicked" else None,
         user_agent=user_agent,
         ip=ip,
         machine_open=machine,
@@ -237,9 +240,7 @@ def _our_id(value: object, max_length: int) -> str | None:
     """An id we sent as a ``v:`` variable; anything else there is not ours."""
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
-    if isinstance(value, str) and 0 < len(value) <= max_length:
-        return value
-    return None
+    return fitting_id(value, max_length)
 
 
 def _time(value: object) -> datetime:
@@ -252,19 +253,8 @@ def _time(value: object) -> datetime:
 
 
 def _address(value: object) -> str | None:
-    return _text(parseaddr(value)[1]) if isinstance(value, str) else None
+    return stripped_text(parseaddr(value)[1]) if isinstance(value, str) else None
 
 
 def _join(label: str | None, detail: str | None) -> str | None:
     return f"{label}: {detail}" if label and detail else (label or detail)
-
-
-def _object(value: object) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _text(value: object) -> str | None:
-    if value is None:
-        return None
-    text = str(value).strip()
-    return text or None

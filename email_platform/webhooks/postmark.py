@@ -66,7 +66,6 @@ reactivation). An unknown ``RecordType`` or bounce ``Type`` is ``unknown``, neve
 
 import base64
 import binascii
-import hashlib
 import hmac
 import json
 from collections.abc import Mapping
@@ -77,6 +76,7 @@ from email_platform import config
 from email_platform.errors import ConfigurationError
 from email_platform.timeutil import utcnow
 from email_platform.webhooks.errors import WebhookMalformed, WebhookRejected
+from email_platform.webhooks.fields import fitting_id, stable_event_id, stripped_text
 from email_platform.webhooks.opens import is_machine_open
 from email_platform.webhooks.vocabulary import NormalizedEvent
 
@@ -221,14 +221,14 @@ def _event(payload: dict[str, Any], record_type: str) -> NormalizedEvent:
         if not isinstance(suppress, bool):
             raise ValueError("SuppressSending is not a boolean")
         event_type = "unsubscribed" if suppress else "subscribed"
-        reason = _text(payload.get("SuppressionReason")) if suppress else None
+        reason = stripped_text(payload.get("SuppressionReason")) if suppress else None
 
     metadata = payload.get("Metadata") or {}
     if not isinstance(metadata, dict):
         raise TypeError("Metadata is not an object")
     geo = payload.get("Geo") or {}
-    ip = _text(geo.get("IP")) if isinstance(geo, dict) else None
-    user_agent = _text(payload.get("UserAgent"))
+    ip = stripped_text(geo.get("IP")) if isinstance(geo, dict) else None
+    user_agent = stripped_text(payload.get("UserAgent"))
     machine = None
     if event_type == "opened":
         machine = is_machine_open(user_agent=user_agent, ip=ip, seconds_after_delivery=None)
@@ -237,13 +237,13 @@ def _event(payload: dict[str, Any], record_type: str) -> NormalizedEvent:
         provider_event_id=_provider_event_id(payload, record_type),
         event_type=event_type,
         occurred_at=_occurred_at(payload),
-        recipient=_text(payload.get("Email") or payload.get("Recipient")),
-        event_id=_our_id(metadata.get("event_id"), 26),
-        idempotency_key=_our_id(metadata.get("idempotency_key"), 255),
-        provider_message_id=_text(payload.get("MessageID") or payload.get("MessageId")),
+        recipient=stripped_text(payload.get("Email") or payload.get("Recipient")),
+        event_id=fitting_id(metadata.get("event_id"), 26),
+        idempotency_key=fitting_id(metadata.get("idempotency_key"), 255),
+        provider_message_id=stripped_text(payload.get("MessageID") or payload.get("MessageId")),
         reject_reason=reason,
         bounce_type=bounce_type,
-        click_url=_text(payload.get("OriginalLink")) if event_type == "clicked" else None,
+        click_url=stripped_text(payload.get("OriginalLink")) if event_type == "clicked" else None,
         user_agent=user_agent,
         ip=ip,
         machine_open=machine,
@@ -253,12 +253,11 @@ def _event(payload: dict[str, Any], record_type: str) -> NormalizedEvent:
 
 def _provider_event_id(payload: dict[str, Any], record_type: str) -> str:
     """The bounce ``ID`` where Postmark gives one, else a hash stable across re-deliveries."""
-    bounce_id = _text(payload.get("ID"))
+    bounce_id = stripped_text(payload.get("ID"))
     if record_type in ("Bounce", "SpamComplaint") and bounce_id:
         # Bounces and spam complaints share Postmark's bounce id space.
         return f"bounce:{bounce_id}"
-    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    return stable_event_id(payload)
 
 
 def _occurred_at(payload: dict[str, Any]) -> datetime:
@@ -274,23 +273,9 @@ def _occurred_at(payload: dict[str, Any]) -> datetime:
 
 
 def _reason(kind: str, detail: object) -> str | None:
-    text = _text(detail)
+    text = stripped_text(detail)
     joined = f"{kind}: {text}" if kind and text else (kind or text)
     return joined[:255] if joined else None
-
-
-def _our_id(value: object, max_length: int) -> str | None:
-    """An id we put in ``Metadata``; anything else there is not ours and is not trusted."""
-    if isinstance(value, str) and 0 < len(value) <= max_length:
-        return value
-    return None
-
-
-def _text(value: object) -> str | None:
-    if value is None:
-        return None
-    text = str(value).strip()
-    return text or None
 
 
 def _int(value: object) -> int:

@@ -51,7 +51,6 @@ an event id (a ULID) always is; an idempotency key (``<event id>:<route>``) neve
 left unset and the ingestor links by ``email_id``, then by ``event_id``.
 """
 
-import hashlib
 import json
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -63,6 +62,7 @@ from email_platform.errors import ConfigurationError
 from email_platform.providers.resend import TAG_MAX_LENGTH
 from email_platform.timeutil import utcnow
 from email_platform.webhooks.errors import WebhookMalformed
+from email_platform.webhooks.fields import as_object, stable_event_id, stripped_text
 from email_platform.webhooks.opens import is_machine_open
 from email_platform.webhooks.standard import StandardWebhooksVerifier
 from email_platform.webhooks.vocabulary import NormalizedEvent
@@ -137,36 +137,36 @@ def _event(payload: dict[str, Any], kind: str, data: dict[str, Any]) -> Normaliz
     bounce_type = None
     reason = None
     if event_type == "bounced":
-        bounce = _object(data.get("bounce"))
+        bounce = as_object(data.get("bounce"))
         bounce_type = BOUNCE_TYPES.get(str(bounce.get("type") or "permanent").lower(), "soft")
         reason = _reason(bounce.get("type"), bounce.get("subType"), bounce.get("message"))
     elif event_type == "failed":
-        reason = _reason(None, None, _object(data.get("failed")).get("reason"))
+        reason = _reason(None, None, as_object(data.get("failed")).get("reason"))
     elif event_type == "rejected":
-        suppressed = _object(data.get("suppressed"))
+        suppressed = as_object(data.get("suppressed"))
         reason = _reason(suppressed.get("type"), None, suppressed.get("message"))
 
-    click = _object(data.get("click"))
-    opened = _object(data.get("open"))  # not documented today; read if Resend adds it
+    click = as_object(data.get("click"))
+    opened = as_object(data.get("open"))  # not documented today; read if Resend adds it
     engagement = click or opened
-    user_agent = _text(engagement.get("userAgent"))
-    ip = _text(engagement.get("ipAddress"))
+    user_agent = stripped_text(engagement.get("userAgent"))
+    ip = stripped_text(engagement.get("ipAddress"))
     machine = None
     if event_type == "opened":
         machine = is_machine_open(user_agent=user_agent, ip=ip, seconds_after_delivery=None)
     tags = _tags(data.get("tags"))
     return NormalizedEvent(
         provider=PROVIDER,
-        provider_event_id=_stable_id(payload),
+        provider_event_id=stable_event_id(payload),
         event_type=event_type,
         occurred_at=_time(payload.get("created_at")),
         recipient=_recipient(data.get("to")),
         event_id=_recoverable(tags.get("event_id"), 26),
         idempotency_key=_recoverable(tags.get("idempotency_key"), 255),
-        provider_message_id=_text(data.get("email_id")),
+        provider_message_id=stripped_text(data.get("email_id")),
         reject_reason=reason,
         bounce_type=bounce_type,
-        click_url=_text(click.get("link")) if event_type == "clicked" else None,
+        click_url=stripped_text(click.get("link")) if event_type == "clicked" else None,
         user_agent=user_agent,
         ip=ip,
         machine_open=machine,
@@ -202,11 +202,6 @@ def _recipient(value: object) -> str | None:
     return address or None
 
 
-def _stable_id(payload: dict[str, Any]) -> str:
-    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
-
 def _time(value: object) -> datetime:
     if isinstance(value, str) and value:
         try:
@@ -218,18 +213,7 @@ def _time(value: object) -> datetime:
 
 
 def _reason(kind: object, sub_type: object, message: object) -> str | None:
-    label = "/".join(p for p in (_text(kind), _text(sub_type)) if p)
-    text = _text(message)
+    label = "/".join(p for p in (stripped_text(kind), stripped_text(sub_type)) if p)
+    text = stripped_text(message)
     joined = f"{label}: {text}" if label and text else (label or text)
     return joined[:255] if joined else None
-
-
-def _object(value: object) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _text(value: object) -> str | None:
-    if value is None:
-        return None
-    text = str(value).strip()
-    return text or None

@@ -38,6 +38,7 @@ from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from email_platform import config
 from email_platform.errors import ConfigurationError
 from email_platform.webhooks.errors import WebhookMalformed, WebhookRejected
+from email_platform.webhooks.fields import fitting_id, stable_event_id
 from email_platform.webhooks.opens import is_machine_open
 from email_platform.webhooks.vocabulary import NormalizedEvent
 
@@ -162,10 +163,10 @@ def _event(item: Any, index: int) -> NormalizedEvent:
         provider_event_id=_provider_event_id(item),
         event_type=event_type,
         occurred_at=occurred_at,
-        recipient=_fitting(item.get("email"), _RECIPIENT_MAX),
-        event_id=_fitting(item.get("event_id"), _EVENT_ID_MAX),
-        idempotency_key=_fitting(item.get("idempotency_key"), _KEY_MAX),
-        provider_message_id=_fitting(message_id_of(item.get("sg_message_id")), _KEY_MAX),
+        recipient=fitting_id(item.get("email"), _RECIPIENT_MAX),
+        event_id=fitting_id(item.get("event_id"), _EVENT_ID_MAX),
+        idempotency_key=fitting_id(item.get("idempotency_key"), _KEY_MAX),
+        provider_message_id=fitting_id(message_id_of(item.get("sg_message_id")), _KEY_MAX),
         reject_reason=reason[:_REASON_MAX] if reason else None,
         bounce_type=bounce_type(item) if event_type == "bounced" else None,
         click_url=_text(item.get("url")) if event_type == "clicked" else None,
@@ -215,8 +216,7 @@ def _provider_event_id(item: Mapping[str, Any]) -> str:
     event_id = item.get("sg_event_id")
     if isinstance(event_id, str) and event_id and len(event_id) <= _KEY_MAX:
         return event_id
-    canonical = json.dumps(item, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+    return stable_event_id(item)
 
 
 def _timestamp(value: Any, index: int) -> datetime:
@@ -240,8 +240,3 @@ def _flag(value: Any) -> bool | None:
 
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
-
-
-def _fitting(value: Any, limit: int) -> str | None:
-    """A string id that fits its column; anything else is not one of ours."""
-    return value if isinstance(value, str) and 0 < len(value) <= limit else None

@@ -59,6 +59,7 @@ from email_platform import config
 from email_platform.errors import ConfigurationError
 from email_platform.timeutil import as_utc
 from email_platform.webhooks.errors import WebhookMalformed, WebhookRejected, WebhookUnavailable
+from email_platform.webhooks.fields import fitting_id, stable_event_id
 from email_platform.webhooks.opens import is_machine_open
 from email_platform.webhooks.vocabulary import NormalizedEvent
 
@@ -383,7 +384,7 @@ def _events(
         raise WebhookMalformed("SES event has no readable timestamp")
     headers = _headers(mail)
     tags = mail.get("tags") if isinstance(mail.get("tags"), dict) else {}
-    event_id = _fitting(_first(tags.get("event_id")), _EVENT_ID_MAX) or _fitting(
+    event_id = fitting_id(_first(tags.get("event_id")), _EVENT_ID_MAX) or fitting_id(
         headers.get(EVENT_ID_HEADER), _EVENT_ID_MAX
     )
     user_agent = _text(detail.get("userAgent")) if kind in ("Open", "Click") else None
@@ -403,8 +404,8 @@ def _events(
         "event_type": event_type,
         "occurred_at": occurred_at,
         "event_id": event_id,
-        "idempotency_key": _fitting(headers.get(IDEMPOTENCY_HEADER), _KEY_MAX),
-        "provider_message_id": _fitting(mail.get("messageId"), _KEY_MAX),
+        "idempotency_key": fitting_id(headers.get(IDEMPOTENCY_HEADER), _KEY_MAX),
+        "provider_message_id": fitting_id(mail.get("messageId"), _KEY_MAX),
         "bounce_type": _bounce_type(detail) if event_type == "bounced" else None,
         "click_url": _text(detail.get("link")) if event_type == "clicked" else None,
         "user_agent": user_agent,
@@ -422,7 +423,7 @@ def _events(
         normalized.append(
             NormalizedEvent(
                 provider_event_id=provider_event_id,
-                recipient=_fitting(address, _RECIPIENT_MAX),
+                recipient=fitting_id(address, _RECIPIENT_MAX),
                 reject_reason=reason[:_REASON_MAX] if reason else None,
                 **common,
             )
@@ -456,10 +457,9 @@ def _recipients(
 def _base_event_id(kind: str, detail: Mapping[str, Any], event: Mapping[str, Any]) -> str:
     """SES's ``feedbackId`` where it has one, else a stable hash of the canonical event JSON."""
     feedback = detail.get("feedbackId")
-    if kind in ("Bounce", "Complaint") and _fitting(feedback, _KEY_MAX):
+    if kind in ("Bounce", "Complaint") and fitting_id(feedback, _KEY_MAX):
         return str(feedback)
-    canonical = json.dumps(event, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return "sha256:" + _sha256(canonical)
+    return stable_event_id(event)
 
 
 def _bounce_type(detail: Mapping[str, Any]) -> str:
@@ -544,8 +544,3 @@ def _sha256(text: str) -> str:
 
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
-
-
-def _fitting(value: Any, limit: int) -> str | None:
-    """A string id that fits its column; anything else is not one of ours."""
-    return value if isinstance(value, str) and 0 < len(value) <= limit else None
