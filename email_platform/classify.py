@@ -77,6 +77,12 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
     return None
 
 
+def reason_code(status_code: int) -> str:
+    """``401`` -> ``unauthorized``: the code kept when a provider's answer names none."""
+    phrase = httpx.codes.get_reason_phrase(status_code) or f"http {status_code}"
+    return phrase.lower().replace(" ", "_").replace("-", "_")
+
+
 def classify_exception(exc: BaseException) -> DeliveryError:
     """The error a client-side exception stands for; unknown ones are not guessed at."""
     if isinstance(exc, DeliveryError):

@@ -35,7 +35,7 @@ from typing import Any, Self
 
 import httpx
 
-from email_platform.classify import classify_response
+from email_platform.classify import classify_response, reason_code
 from email_platform.config import ProviderSettings
 from email_platform.errors import ConfigurationError, DeliveryError
 from email_platform.providers.base import Accepted, OutgoingEmail
@@ -51,12 +51,6 @@ def _base(url: str) -> str:
     """Accept the host with or without the ``/v3`` version segment the path already carries."""
     url = url.rstrip("/")
     return url[: -len("/v3")] if url.endswith("/v3") else url
-
-
-def reason_code(status_code: int) -> str:
-    """``401`` -> ``unauthorized``: Mailgun's answers carry a message but no code."""
-    phrase = httpx.codes.get_reason_phrase(status_code) or f"http {status_code}"
-    return phrase.lower().replace(" ", "_").replace("-", "_")
 
 
 class MailgunProvider(HttpProvider):

@@ -45,7 +45,7 @@ from typing import Any, Self
 
 import httpx
 
-from email_platform.classify import classify_response
+from email_platform.classify import classify_response, reason_code
 from email_platform.config import ProviderSettings
 from email_platform.errors import ConfigurationError, DeliveryError, PermanentError, TransientError
 from email_platform.providers.base import Accepted, OutgoingEmail
@@ -71,12 +71,6 @@ def _address(value: str) -> dict[str, str]:
     if name:
         result["name"] = name
     return result
-
-
-def reason_code(status_code: int) -> str:
-    """``401`` -> ``unauthorized``: the code kept when the provider's answer names none."""
-    phrase = httpx.codes.get_reason_phrase(status_code) or f"http {status_code}"
-    return phrase.lower().replace(" ", "_").replace("-", "_")
 
 
 def retry_after_from_reset(
