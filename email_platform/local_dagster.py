@@ -114,9 +114,32 @@ class DaemonProcess:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def stop(self, timeout_s: float = 30.0) -> None:
+    def wait_for_runs_to_finish(self, timeout_s: float = 60.0) -> bool:
+        """Block until no run is starting, started or canceling.
+
+        Run workers live in the daemon's process group, so stopping the daemon ends them too; a
+        run killed while writing its last events would stay STARTED in the UI.
+        """
+        from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+
+        in_flight = [
+            DagsterRunStatus.STARTING,
+            DagsterRunStatus.STARTED,
+            DagsterRunStatus.CANCELING,
+        ]
+
+        def settled() -> bool:
+            with DagsterInstance.from_config(str(self.home)) as instance:
+                return not instance.get_run_ids(RunsFilter(statuses=in_flight), limit=1)
+
+        return wait_for(settled, timeout_s, interval_s=0.5)
+
+    def stop(self, timeout_s: float = 30.0, drain_s: float = 0.0) -> None:
+        """Stop the daemon, first giving in-flight runs up to ``drain_s`` seconds to finish."""
         if self.process is None:
             return
+        if drain_s > 0 and self.alive():
+            self.wait_for_runs_to_finish(drain_s)
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -140,7 +163,8 @@ class DaemonProcess:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.stop()
+        # On success let running runs end cleanly; on an error, stop at once.
+        self.stop(drain_s=60.0 if exc_type is None else 0.0)
 
 
 def wait_for(predicate, timeout_s: float, interval_s: float = 0.5) -> bool:  # type: ignore[no-untyped-def]
