@@ -1,0 +1,53 @@
+"""Attaching the operational database to DuckDB: connection strings and clear refusals."""
+
+import re
+
+import duckdb
+import pytest
+from sqlalchemy import create_engine, make_url
+
+from email_platform import warehouse_sources
+from email_platform.warehouse_sources import SourceUnavailableError, attach, libpq_dsn
+
+
+def test_libpq_dsn_quotes_values_and_keeps_socket_and_ssl_options():
+    url = make_url("postgresql+psycopg://app:p%27w%5Cd@db.internal:6432/mail?sslmode=require")
+    assert libpq_dsn(url) == (
+        "host='db.internal' port='6432' dbname='mail' user='app' password='p\\'w\\\\d' "
+        "sslmode='require'"
+    )
+    socket = make_url("postgresql://postgres:@/postgres?host=/tmp/pg%20dir")
+    assert libpq_dsn(socket) == "host='/tmp/pg dir' dbname='postgres' user='postgres' password=''"
+
+
+def test_in_memory_sqlite_is_refused_with_the_reason():
+    connection = duckdb.connect()
+    with pytest.raises(SourceUnavailableError, match="in-memory"):
+        attach(connection, create_engine("sqlite://"))
+
+
+def test_a_missing_extension_names_the_package_to_install(monkeypatch, tmp_path):
+    monkeypatch.setattr(duckdb, "__version__", "0.0.1")
+    with pytest.raises(
+        SourceUnavailableError, match=re.escape("duckdb-extension-sqlite-scanner==0.0.1")
+    ):
+        warehouse_sources.extension_file("sqlite_scanner", "duckdb_extension_sqlite_scanner")
+    with pytest.raises(
+        SourceUnavailableError, match=re.escape("pip install no-such-package==0.0.1")
+    ):
+        warehouse_sources.extension_file("x", "no_such_package")
+
+
+def test_attached_sqlite_is_read_only(tmp_path):
+    path = tmp_path / "app.sqlite3"
+    engine = create_engine(f"sqlite:///{path}")
+    with engine.begin() as connection:
+        connection.exec_driver_sql("CREATE TABLE t (id INTEGER PRIMARY KEY, at DATETIME)")
+        connection.exec_driver_sql("INSERT INTO t VALUES (1, '2026-11-29 10:00:00.000000')")
+    duck = duckdb.connect()
+    source = attach(duck, engine)
+    assert duck.execute(f"SELECT id FROM {source.table('t')}").fetchall() == [(1,)]
+    query = source.native_query("SELECT id FROM t WHERE at >= '2026-11-29 09:00:00.000000'")
+    assert duck.execute(f"SELECT CAST(id AS BIGINT) FROM {query}").fetchall() == [(1,)]
+    with pytest.raises(duckdb.Error, match=r"read-only|read only"):
+        duck.execute(f"INSERT INTO {source.table('t')} VALUES (2, NULL)")
