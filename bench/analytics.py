@@ -88,20 +88,26 @@ def run(messages: int, increment: int, rounds: int, days: float, workdir: Path) 
 def _print(messages: int, results: list[dict]) -> None:
     print(f"\n== {messages:,} messages ==")
     print(
-        f"{'step':<28}{'total s':>9}{'extract':>9}{'build':>8}{'publish':>9}{'rows in':>10}"
-        f"{'us/row':>8}{'rebuilt':>9}{'RSS MB':>8}{'file MB':>9}"
+        f"{'step':<28}{'visible':>9}{'extract':>9}{'build':>8}{'ckpt':>7}{'copy':>7}{'total s':>9}"
+        f"{'rows in':>10}{'us/row':>8}{'rebuilt':>9}{'RSS MB':>8}{'file MB':>9}"
     )
     for r in results:
         if "timings" not in r:
-            print(f"{r['step']:<28}{r['seconds']:>9.2f}{'':>9}{'':>8}{'':>9}{r['rows']:>10,}")
+            print(f"{r['step']:<28}{'':>9}{'':>9}{'':>8}{'':>7}{'':>7}{r['seconds']:>9.2f}"
+                  f"{r['rows']:>10,}")  # fmt: skip
             continue
         t = r["timings"]
-        per_row = t["total"] / r["loaded"] * 1e6 if r["loaded"] else 0
+        per_row = t["visible"] / r["loaded"] * 1e6 if r["loaded"] else 0
         print(
-            f"{r['step']:<28}{t['total']:>9.2f}{t['extract_load']:>9.2f}{t['build']:>8.2f}"
-            f"{t.get('publish', 0):>9.2f}{r['loaded']:>10,}{per_row:>8.1f}"
-            f"{r['messages_rebuilt']:>9,}{r['peak_rss_mb']:>8.0f}{r['file_mb']:>9.0f}"
+            f"{r['step']:<28}{t['visible']:>9.2f}{t['extract_load']:>9.2f}{t['build']:>8.2f}"
+            f"{t['checkpoint']:>7.2f}{t['prepare_next']:>7.2f}{t['total']:>9.2f}"
+            f"{r['loaded']:>10,}{per_row:>8.1f}{r['messages_rebuilt']:>9,}"
+            f"{r['peak_rss_mb']:>8.0f}{r['file_mb']:>9.0f}"
         )
+    print(
+        "visible: refresh start -> new snapshot published (what an analyst waits for); "
+        "copy: preparing the next refresh's writer file, after publishing; total: both."
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

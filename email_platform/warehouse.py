@@ -24,14 +24,16 @@ build of the models.
 
 **Readers and the single writer.** DuckDB allows one writing process per file, and a read-only
 connection in another process holds a lock that stops any writer from opening the file. So the
-assets never write the file analysts open. They load and build in a private writer file
-(``<warehouse>.writer``), checkpoint it, copy it to a temporary file in the same directory and
-``os.replace`` it over ``<warehouse>``. A reader that already has the old file open keeps a
-consistent view of it (the old inode lives until it closes); a new reader sees the new snapshot.
-Nobody ever sees a half-built table, and no reader can block or break a materialization.
-The publish costs one sequential file copy; building in place would be cheaper but is not
-correct with readers around, and exporting only the models (``CREATE TABLE AS`` into a fresh
-file) re-encodes every row, which measured slower than copying the bytes. Refreshes are
+assets never write a file analysts can open. They load and build in a private writer file
+(``<warehouse>.writer``), checkpoint and close it, and ``os.replace`` it over ``<warehouse>``:
+the writer file itself becomes the snapshot, and is never written again. A reader that already
+has the old file open keeps a consistent view of it (the old inode lives until it closes); a new
+reader sees the new snapshot. Nobody ever sees a half-built table, and no reader can block or
+break a materialization. The next refresh needs a private file again: right after publishing,
+the snapshot is copied (flushed, then renamed) to ``<warehouse>.writer``. That copy is the one
+cost that grows with the warehouse (about 0.5 s for 300 MB here), and it sits after the
+moment new data is visible, not before. Building in place would be cheaper but is not correct
+with readers around. Refreshes are
 serialized by an ``flock`` on ``<warehouse>.lock``.
 """
 
@@ -255,6 +257,10 @@ def _connect(path: str | os.PathLike[str], *, read_only: bool) -> duckdb.DuckDBP
     connection = duckdb.connect(os.fspath(path), read_only=read_only)
     # Every timestamp in the warehouse is naive UTC; keep functions from applying a local zone.
     connection.execute("SET TimeZone = 'UTC'")
+    if not read_only:
+        # Loads may write rows in any order (every model query says ORDER BY where it matters):
+        # measured 1.8x faster bulk loads on two cores.
+        connection.execute("SET preserve_insertion_order = false")
     return connection
 
 
@@ -357,6 +363,10 @@ def _refresh_locked(
     writer = writer_path(warehouse_path)
     if full and writer.exists():
         writer.unlink()
+    elif not full and not writer.exists() and warehouse_path.exists():
+        # The last refresh published, then stopped before preparing the next writer file:
+        # the snapshot holds everything (state included), so continue from a copy of it.
+        _copy_durably(warehouse_path, writer)
     connection = _connect(writer, read_only=False)
     try:
         _ensure_schema(connection)
@@ -401,20 +411,31 @@ def _refresh_locked(
     summary.timings_s["checkpoint"] = time.perf_counter() - phase
     if publish:
         phase = time.perf_counter()
-        publish_snapshot(writer, warehouse_path)
+        warehouse_path.parent.mkdir(parents=True, exist_ok=True)
+        # The closed, checkpointed writer file becomes the snapshot in one rename: readers see
+        # the new data now, and nothing writes that file again.
+        os.replace(writer, warehouse_path)
         summary.timings_s["publish"] = time.perf_counter() - phase
+        summary.timings_s["visible"] = time.perf_counter() - started
+        phase = time.perf_counter()
+        # The next refresh writes into a copy. Made now, after publishing, so the copy is not
+        # on the path to fresh data; flushed, so the next checkpoint only syncs its own writes.
+        _copy_durably(warehouse_path, writer)
+        summary.timings_s["prepare_next"] = time.perf_counter() - phase
     summary.timings_s["total"] = time.perf_counter() - started
     summary.finished_at = datetime.now(UTC)
     return summary
 
 
-def publish_snapshot(writer: Path, warehouse_path: Path) -> None:
-    """Copy the checkpointed writer file next to the target, then swap it in atomically."""
-    warehouse_path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = warehouse_path.with_name(f".{warehouse_path.name}.{os.getpid()}.tmp")
+def _copy_durably(source: Path, target: Path) -> None:
+    """Copy ``source`` to ``target`` through a flushed temporary file and a rename, so a crash
+    leaves either no ``target`` or a whole one."""
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        shutil.copyfile(writer, temporary)
-        os.replace(temporary, warehouse_path)
+        shutil.copyfile(source, temporary)
+        with open(temporary, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, target)
     finally:
         if temporary.exists():
             temporary.unlink()
@@ -493,24 +514,23 @@ def _load_source(
     read = connection.execute("SELECT count(*) FROM _incoming").fetchone()[0]
     if not read:
         return 0, 0, None
-    # Keep only what is new or differs from the loaded version (a re-read changes nothing).
+    # The loaded versions of the incoming keys (one pass over the raw table, with row ids), then
+    # only what is new or differs from them: a re-read changes nothing.
     key_match = " AND ".join(f"r.{k} = i.{k}" for k in source.key)
     connection.execute(
-        f"""
-        CREATE OR REPLACE TEMP TABLE _changed AS
-        SELECT * FROM _incoming
-        EXCEPT
-        SELECT r.* FROM {raw} AS r
-        WHERE EXISTS (SELECT 1 FROM _incoming AS i WHERE {key_match})
-        """
+        f"CREATE OR REPLACE TEMP TABLE _existing AS SELECT r.rowid AS _row, r.* FROM {raw} AS r "
+        f"SEMI JOIN _incoming AS i ON {key_match}"
+    )
+    connection.execute(
+        "CREATE OR REPLACE TEMP TABLE _changed AS "
+        "SELECT * FROM _incoming EXCEPT SELECT * EXCLUDE (_row) FROM _existing"
     )
     loaded = connection.execute("SELECT count(*) FROM _changed").fetchone()[0]
     if loaded:
-        key = ", ".join(source.key)
+        # Replaced versions go by row id: no second pass over the raw table.
         connection.execute(
-            f"DELETE FROM {raw} WHERE ({key}) IN (SELECT ({key}) FROM _changed)"
-            if len(source.key) > 1
-            else f"DELETE FROM {raw} WHERE {key} IN (SELECT {key} FROM _changed)"
+            f"DELETE FROM {raw} WHERE rowid IN (SELECT r._row FROM _existing AS r "
+            f"SEMI JOIN _changed AS i ON {key_match})"
         )
         connection.execute(f"INSERT INTO {raw} SELECT * FROM _changed")
         if mark_affected:
@@ -590,31 +610,35 @@ _SCOPE_FILTERS = {
     "raw_email_attempts": "message_id IN (SELECT message_id FROM _scope)",
     "raw_email_events": "message_id IN (SELECT message_id FROM _scope)",
     "raw_dead_letters": "message_id IN (SELECT message_id FROM _scope)",
-    "raw_email_outbox": "event_id IN (SELECT event_id FROM temp.raw_email_messages)",
+    "raw_email_outbox": "event_id IN (SELECT event_id FROM temp.main.raw_email_messages)",
 }
 
 
 @contextmanager
 def _scoped_raw_tables(connection: duckdb.DuckDBPyConnection) -> Iterator[None]:
-    """Shadow each raw table with a temp table holding only the rows of the messages in
-    ``_scope``, for the duration of the block.
+    """Shadow each raw table with a temp view of only the rows of the messages in ``_scope``,
+    for the duration of the block.
 
     DuckDB binds the unqualified names inside a view when it is queried, temp schema first, so
     the staging views and the funnel SQL run unchanged over a few thousand rows instead of
     aggregating millions and filtering afterwards (the filter does not push through their
-    GROUP BYs). A message's funnel row depends on nothing outside these rows.
+    GROUP BYs). Views, not tables: each reader then scans only the columns it needs. A
+    message's funnel row depends on nothing outside these rows.
     """
+    # Fully qualified: inside the temp catalog, a bare ``main.`` names the temp schema itself.
+    database = connection.execute("SELECT current_database()").fetchone()[0]
     created = []
     try:
         for raw, condition in _SCOPE_FILTERS.items():
             connection.execute(
-                f"CREATE OR REPLACE TEMP TABLE {raw} AS SELECT * FROM main.{raw} WHERE {condition}"
+                f'CREATE OR REPLACE TEMP VIEW {raw} AS SELECT * FROM "{database}".main.{raw} '
+                f"WHERE {condition}"
             )
             created.append(raw)
         yield
     finally:
         for raw in reversed(created):
-            connection.execute(f"DROP TABLE IF EXISTS temp.{raw}")
+            connection.execute(f"DROP VIEW IF EXISTS temp.main.{raw}")
 
 
 def operational_fingerprint(engine: Engine) -> str:
@@ -642,10 +666,25 @@ def operational_fingerprint(engine: Engine) -> str:
 # Numbers for metadata, checks and reports
 
 
-def funnel_totals(connection: duckdb.DuckDBPyConnection) -> dict[str, float | int | None]:
-    """Whole-warehouse totals and latency percentiles: what the UI plots over time."""
+def funnel_totals(
+    connection: duckdb.DuckDBPyConnection, *, latency_days: int = 7
+) -> dict[str, float | int | None]:
+    """Whole-warehouse counts and rates, and latency percentiles over the newest
+    ``latency_days`` days: what the UI plots over time (recent latencies move with the system;
+    all-time ones would barely move, and cost a sort of every row on each refresh)."""
     row = connection.execute(
         f"""
+        WITH recent AS (
+            SELECT event_to_accepted_s, delivery_delay_s, time_to_open_s FROM {FUNNEL}
+            WHERE day > (SELECT max(day) FROM {FUNNEL}) - ?::INTEGER
+        ),
+        latencies AS (
+            SELECT
+                quantile_cont(event_to_accepted_s, [0.5, 0.95]) AS accepted,
+                quantile_cont(delivery_delay_s, 0.5) AS delivery,
+                quantile_cont(time_to_open_s, [0.5, 0.95]) AS open
+            FROM recent
+        )
         SELECT
             count(*), count(accepted_at), count(delivered_at), count(first_open_at),
             count(first_machine_open_at), count(first_click_at), count(bounced_at),
@@ -657,10 +696,11 @@ def funnel_totals(connection: duckdb.DuckDBPyConnection) -> dict[str, float | in
             count(first_click_at) / nullif(count(delivered_at), 0),
             count(bounced_at) / nullif(count(accepted_at), 0),
             count(complained_at) / nullif(count(delivered_at), 0),
-            median(event_to_accepted_s), quantile_cont(event_to_accepted_s, 0.95),
-            median(delivery_delay_s), median(time_to_open_s), quantile_cont(time_to_open_s, 0.95)
-        FROM {FUNNEL}
-        """
+            any_value(l.accepted[1]), any_value(l.accepted[2]), any_value(l.delivery),
+            any_value(l.open[1]), any_value(l.open[2])
+        FROM {FUNNEL}, latencies AS l
+        """,
+        [latency_days],
     ).fetchone()
     names = (
         "messages",

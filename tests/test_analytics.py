@@ -447,6 +447,27 @@ def test_incremental_refreshes_of_a_generated_history_equal_a_full_build(engine,
     assert len(rows(path, "SELECT * FROM email_funnel")) == 900
 
 
+def test_a_refresh_stopped_before_preparing_its_next_writer_continues_from_the_snapshot(
+    engine, tmp_path
+):
+    """The snapshot is the last writer file, renamed; if the copy for the next refresh never
+    happened, the next refresh starts from the snapshot (incrementally, nothing reloaded)."""
+    from bench.generate import generate
+
+    now = datetime.now(UTC).replace(microsecond=0)
+    path = tmp_path / "warehouse.duckdb"
+    generate(engine, messages=200, days=1, end=now - timedelta(hours=1))
+    warehouse.refresh(engine, path)
+    assert warehouse.writer_path(path).exists()  # prepared for the next refresh
+    warehouse.writer_path(path).unlink()  # as if the process died right after publishing
+    generate(engine, messages=50, days=0.005, end=now, seed=3)
+    summary = warehouse.refresh(engine, path)
+    assert not summary.full_build
+    assert summary.rows_loaded["email_messages"] == 50
+    assert summary.table_rows["email_funnel"] == 250
+    assert rows(path, "SELECT count(*) AS n FROM email_funnel") == [{"n": 250}]
+
+
 def test_question_files_run_read_only_against_the_snapshot(loaded):
     _, path, _ = loaded
     names = warehouse.question_names()

@@ -55,6 +55,9 @@ Index(
     email_outbox.c.available_at,
 )
 Index("ix_email_outbox_claimed_by", email_outbox.c.claimed_by)
+# Change markers the warehouse loads by (migration 0004).
+Index("ix_email_outbox_published_at", email_outbox.c.published_at)
+Index("ix_email_outbox_done_at", email_outbox.c.done_at)
 
 email_messages = Table(
     "email_messages",
