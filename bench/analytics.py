@@ -9,6 +9,7 @@ and prints a table. Each refresh runs in its own process so its peak RSS is its 
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -54,6 +55,9 @@ def _phase(database_url: str, warehouse_path: str, full: bool) -> None:
 
 
 def _measure(database_url: str, warehouse_path: str, full: bool) -> dict:
+    # Flush what the generator just wrote first: on ext4 the refresh's checkpoint fsync would
+    # otherwise wait for those pages too, and charge the generator's I/O to the refresh.
+    os.sync()
     output = subprocess.run(
         [sys.executable, "-m", "bench.analytics", "--phase", "full" if full else "incremental",
          "--database-url", database_url, "--warehouse", warehouse_path],

@@ -804,14 +804,19 @@ def hotpath(args: argparse.Namespace) -> int:
             lane=lane,
             sender_address="Bench <no-reply@example.com>",
         )
+        # The sandbox shares the two cores with this process, so its CPU is reported too.
+        sandbox_proc = psutil.Process(sandbox.process.pid)
+        sandbox_cpu0 = sum(sandbox_proc.cpu_times()[:2])
         cpu0, t0 = time.process_time(), time.monotonic()
         outcome = sender.run(ids, run_id="hotpath")
         elapsed, cpu = time.monotonic() - t0, time.process_time() - cpu0
+        sandbox_cpu = sum(sandbox_proc.cpu_times()[:2]) - sandbox_cpu0
         provider.close()
+        per_1k = 1000 / max(1, outcome.sent)
         print(
             f"hotpath: {outcome.sent} sent of {len(ids)} in {elapsed:.2f}s = "
-            f"{outcome.sent / elapsed:.0f} emails/s, {cpu / max(1, outcome.sent) * 1000:.2f} "
-            f"CPU-s per 1k (this process)"
+            f"{outcome.sent / elapsed:.0f} emails/s, {cpu * per_1k:.2f} "
+            f"CPU-s per 1k (this process), sandbox {sandbox_cpu * per_1k:.2f} CPU-s per 1k"
         )
         return 0 if outcome.sent == len(ids) else 1
     finally:

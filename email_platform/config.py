@@ -62,6 +62,19 @@ def webhook_retention_days(env: Mapping[str, str] | None = None) -> int:
     return int(_env(env).get(PREFIX + "WEBHOOK_RETENTION_DAYS", "90"))
 
 
+def analytics_refresh_s(env: Mapping[str, str] | None = None) -> float:
+    """At most one warehouse refresh per this many seconds while new data keeps arriving:
+    the freshness analysts can count on (plus the refresh itself)."""
+    raw = _env(env).get(PREFIX + "ANALYTICS_REFRESH_S", "60")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{PREFIX}ANALYTICS_REFRESH_S must be a positive number, got {raw!r}")
+    return value
+
+
 def webhook_max_body_bytes(env: Mapping[str, str] | None = None) -> int:
     return int(_env(env).get(PREFIX + "WEBHOOK_MAX_BODY_BYTES", str(1024 * 1024)))
 

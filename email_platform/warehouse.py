@@ -521,20 +521,25 @@ def _load_source(
         f"CREATE OR REPLACE TEMP TABLE _existing AS SELECT r.rowid AS _row, r.* FROM {raw} AS r "
         f"SEMI JOIN _incoming AS i ON {key_match}"
     )
-    connection.execute(
-        "CREATE OR REPLACE TEMP TABLE _changed AS "
-        "SELECT * FROM _incoming EXCEPT SELECT * EXCLUDE (_row) FROM _existing"
-    )
-    loaded = connection.execute("SELECT count(*) FROM _changed").fetchone()[0]
-    if loaded:
-        # Replaced versions go by row id: no second pass over the raw table.
+    if connection.execute("SELECT 1 FROM _existing LIMIT 1").fetchone():
         connection.execute(
-            f"DELETE FROM {raw} WHERE rowid IN (SELECT r._row FROM _existing AS r "
-            f"SEMI JOIN _changed AS i ON {key_match})"
+            "CREATE OR REPLACE TEMP TABLE _changed AS "
+            "SELECT * FROM _incoming EXCEPT SELECT * EXCLUDE (_row) FROM _existing"
         )
-        connection.execute(f"INSERT INTO {raw} SELECT * FROM _changed")
+        changed = "_changed"
+    else:
+        changed = "_incoming"  # every key is new: nothing to compare or replace
+    loaded = connection.execute(f"SELECT count(*) FROM {changed}").fetchone()[0]
+    if loaded:
+        if changed == "_changed":
+            # Replaced versions go by row id: no second pass over the raw table.
+            connection.execute(
+                f"DELETE FROM {raw} WHERE rowid IN (SELECT r._row FROM _existing AS r "
+                f"SEMI JOIN _changed AS i ON {key_match})"
+            )
+        connection.execute(f"INSERT INTO {raw} SELECT * FROM {changed}")
         if mark_affected:
-            _mark_affected(connection, source, "_changed")
+            _mark_affected(connection, source, changed)
     hwm = connection.execute(f"SELECT max({source.marker_sql()}) FROM _incoming").fetchone()[0]
     return read, loaded, hwm.replace(tzinfo=UTC) if hwm else None
 

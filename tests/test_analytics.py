@@ -605,23 +605,48 @@ def test_sensor_requests_a_refresh_only_when_something_changed(engine, database_
     from dagster import DagsterInstance
 
     instance = DagsterInstance.ephemeral()
-    resources = {"app_database": AppDatabase(url=database_url)}
+    aware = engine.dialect.name == "postgresql"
 
-    def tick(cursor):  # type: ignore[no-untyped-def]
+    def tick(cursor, interval_s=0.001):  # type: ignore[no-untyped-def]
+        resources = {
+            "app_database": AppDatabase(url=database_url),
+            "warehouse": Warehouse(refresh_interval_s=interval_s),
+        }
         with build_sensor_context(instance=instance, resources=resources, cursor=cursor) as ctx:
             return analytics_refresh_sensor(ctx), ctx.cursor
+
+    def touch(seconds: float) -> None:
+        with engine.begin() as connection:
+            connection.execute(
+                update(email_messages)
+                .where(email_messages.c.message_id == 5)
+                .values(updated_at=(at if aware else naive)(seconds))
+            )
 
     first, cursor = tick(None)
     assert first.run_key and first.tags["email/job"] == "analytics"
     assert {k.path[-1] for k in first.asset_selection} == set(MODELS)
     skipped, cursor = tick(cursor)
     assert "Nothing new" in skipped.skip_message
-    aware = engine.dialect.name == "postgresql"
-    with engine.begin() as connection:
-        connection.execute(
-            update(email_messages)
-            .where(email_messages.c.message_id == 5)
-            .values(updated_at=(at if aware else naive)(10_000))
-        )
-    again, _ = tick(cursor)
+    touch(10_000)
+    again, cursor = tick(cursor)
     assert again.run_key != first.run_key
+    # New data within the refresh interval waits for it; the cursor keeps the last request.
+    touch(10_001)
+    waiting, waiting_cursor = tick(cursor, interval_s=3600)
+    assert "next refresh may start in" in waiting.skip_message
+    assert waiting_cursor == cursor
+    later, _ = tick(cursor, interval_s=0.001)
+    assert later.run_key not in (first.run_key, again.run_key)
+
+
+def test_refresh_interval_comes_from_the_environment_and_is_validated(monkeypatch):
+    monkeypatch.delenv("EMAIL_PLATFORM_ANALYTICS_REFRESH_S", raising=False)
+    assert Warehouse().resolved_refresh_interval_s() == 60
+    monkeypatch.setenv("EMAIL_PLATFORM_ANALYTICS_REFRESH_S", "15")
+    assert Warehouse().resolved_refresh_interval_s() == 15
+    assert Warehouse(refresh_interval_s=5).resolved_refresh_interval_s() == 5
+    for bad in ("0", "-3", "soon"):
+        monkeypatch.setenv("EMAIL_PLATFORM_ANALYTICS_REFRESH_S", bad)
+        with pytest.raises(ValueError, match="ANALYTICS_REFRESH_S must be a positive number"):
+            Warehouse().resolved_refresh_interval_s()

@@ -41,7 +41,9 @@ from email_platform.resources.warehouse import Warehouse
 ANALYTICS_GROUP = "analytics"
 OPERATIONAL_GROUP = "operational"
 # New sends and webhooks reach the warehouse within about this long (the sensor's interval).
-FRESHNESS_S = 60
+# How often the sensor looks for new data (the fingerprint is a few indexed max() queries);
+# how often it may start a refresh is the Warehouse resource's refresh_interval_s.
+SENSOR_TICK_S = 10
 # With nothing new, the warehouse is still refreshed this often, so its freshness is provable.
 HEARTBEAT_S = 3600
 RUN_TAGS = {"email/job": "analytics"}
@@ -362,23 +364,31 @@ analytics_selection = AssetSelection.assets(analytics_warehouse)
 @sensor(
     name="analytics_refresh_sensor",
     asset_selection=analytics_selection,
-    minimum_interval_seconds=FRESHNESS_S,
+    minimum_interval_seconds=SENSOR_TICK_S,
     default_status=DefaultSensorStatus.RUNNING,
     description=(
-        f"Refreshes the DuckDB warehouse (the analytics group and its checks) within "
-        f"{FRESHNESS_S}s of new sends, attempts, webhooks or dead-letter changes, and at least "
-        f"every {HEARTBEAT_S // 60} minutes. One refresh at a time."
+        "Refreshes the DuckDB warehouse (the analytics group and its checks) after new sends, "
+        "attempts, webhooks or dead-letter changes: at most once per the warehouse resource's "
+        "refresh_interval_s (EMAIL_PLATFORM_ANALYTICS_REFRESH_S, default 60 s) while data keeps "
+        f"coming, and at least every {HEARTBEAT_S // 60} minutes. One refresh at a time."
     ),
 )
 def analytics_refresh_sensor(
-    context: SensorEvaluationContext, app_database: AppDatabase
+    context: SensorEvaluationContext, app_database: AppDatabase, warehouse: Warehouse
 ) -> RunRequest | SkipReason:
     cursor = json.loads(context.cursor) if context.cursor else {}
     fingerprint = core.operational_fingerprint(app_database.get_engine())
     now = time.time()
-    due = now - cursor.get("requested_at", 0) >= HEARTBEAT_S
+    since_last = now - cursor.get("requested_at", 0)
+    due = since_last >= HEARTBEAT_S
     if fingerprint == cursor.get("fingerprint") and not due:
         return SkipReason("Nothing new in the operational tables since the last refresh.")
+    interval = warehouse.resolved_refresh_interval_s()
+    if since_last < interval:
+        return SkipReason(
+            f"New data; the next refresh may start in {interval - since_last:.0f}s "
+            f"(refresh_interval_s={interval:g})."
+        )
     running = context.instance.get_runs(
         filters=RunsFilter(tags=RUN_TAGS, statuses=_IN_FLIGHT), limit=1
     )

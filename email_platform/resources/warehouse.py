@@ -9,11 +9,15 @@ class Warehouse(ConfigurableResource):
     ``path`` is the file analysts open read-only; empty means ``EMAIL_PLATFORM_WAREHOUSE`` or
     ``./.email_platform/warehouse.duckdb``. The assets build in a private ``<path>.writer`` file
     and swap a finished snapshot in, so a reader never blocks a refresh or sees half a table.
+    ``refresh_interval_s`` (empty: ``EMAIL_PLATFORM_ANALYTICS_REFRESH_S``, default 60) is the
+    most often ``analytics_refresh_sensor`` starts a refresh while data keeps changing, so the
+    warehouse trails the operational tables by at most that plus one refresh.
     The thresholds drive the bounce and complaint rate checks.
     """
 
     path: str | None = None
     lookback_s: float = warehouse.DEFAULT_LOOKBACK_S
+    refresh_interval_s: float | None = None
     bounce_rate_threshold: float = warehouse.Thresholds.bounce_rate
     complaint_rate_threshold: float = warehouse.Thresholds.complaint_rate
     min_accepted_per_day: int = warehouse.Thresholds.min_accepted
@@ -22,6 +26,13 @@ class Warehouse(ConfigurableResource):
 
     def resolved_path(self) -> str:
         return self.path or config.warehouse_path()
+
+    def resolved_refresh_interval_s(self) -> float:
+        if self.refresh_interval_s is None:
+            return config.analytics_refresh_s()
+        if not self.refresh_interval_s > 0:
+            raise ValueError(f"refresh_interval_s must be positive, got {self.refresh_interval_s}")
+        return self.refresh_interval_s
 
     def thresholds(self) -> warehouse.Thresholds:
         return warehouse.Thresholds(
