@@ -6,6 +6,7 @@ out-of-order provider events, a machine open, a bounce after delivery, a dead le
 that was never sent and a provider event that matches no message.
 """
 
+import json
 from datetime import UTC, date, datetime, timedelta
 
 import duckdb
@@ -15,7 +16,12 @@ from sqlalchemy import Engine, insert, update
 
 from email_platform import warehouse
 from email_platform.assets import analytics_assets, analytics_checks, analytics_warehouse
-from email_platform.assets.analytics import MODELS, analytics_refresh_sensor
+from email_platform.assets.analytics import (
+    FULL_TAG,
+    MODELS,
+    RECONCILE_S,
+    analytics_refresh_sensor,
+)
 from email_platform.db.schema import (
     dead_letters,
     email_attempts,
@@ -579,6 +585,19 @@ def test_assets_materialize_with_metadata_and_checks_in_dagster(engine, database
     assert checks["bounce_rate_under_threshold"].severity == AssetCheckSeverity.ERROR
     assert checks["provider_events_joined"].severity == AssetCheckSeverity.WARN
     assert checks["provider_events_joined"].metadata["orphans"].value == 1
+    # Again: nothing new loads; with the reconcile tag, everything is rebuilt from scratch.
+    resources = {
+        "app_database": AppDatabase(url=database_url),
+        "warehouse": Warehouse(path=str(path)),
+    }
+    again = materialize([analytics_warehouse], resources=resources)
+    sends = {m.asset_key.path[-1]: m for m in again.get_asset_materialization_events()}["stg_sends"]
+    assert sends.materialization.metadata["rows_loaded"].value == 0
+    assert sends.materialization.metadata["full_build"].value is False
+    full = materialize([analytics_warehouse], resources=resources, tags={FULL_TAG: "true"})
+    sends = {m.asset_key.path[-1]: m for m in full.get_asset_materialization_events()}["stg_sends"]
+    assert sends.materialization.metadata["rows_loaded"].value == 5
+    assert sends.materialization.metadata["full_build"].value is True
 
 
 def test_code_location_registers_assets_checks_sensor_and_resource():
@@ -636,8 +655,16 @@ def test_sensor_requests_a_refresh_only_when_something_changed(engine, database_
     waiting, waiting_cursor = tick(cursor, interval_s=3600)
     assert "next refresh may start in" in waiting.skip_message
     assert waiting_cursor == cursor
-    later, _ = tick(cursor, interval_s=0.001)
+    later, cursor = tick(cursor, interval_s=0.001)
     assert later.run_key not in (first.run_key, again.run_key)
+    assert FULL_TAG not in later.tags
+    # A day after the last full build, the next refresh is a full rebuild (a reconcile).
+    state = json.loads(cursor)
+    state["full_at"] -= RECONCILE_S
+    touch(10_002)
+    reconcile, cursor = tick(json.dumps(state))
+    assert reconcile.tags[FULL_TAG] == "true"
+    assert json.loads(cursor)["full_at"] > state["full_at"]
 
 
 def test_refresh_interval_comes_from_the_environment_and_is_validated(monkeypatch):

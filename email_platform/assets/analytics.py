@@ -47,6 +47,11 @@ SENSOR_TICK_S = 10
 # With nothing new, the warehouse is still refreshed this often, so its freshness is provable.
 HEARTBEAT_S = 3600
 RUN_TAGS = {"email/job": "analytics"}
+# A run with this tag set to "true" rebuilds the warehouse from scratch (a reconcile).
+FULL_TAG = "email/analytics_full"
+# Incremental loads re-read a look-back window; a row committed later than that after a newer
+# one would be missed, so the sensor asks for a full rebuild this often (1M messages: seconds).
+RECONCILE_S = 24 * 3600
 
 OPERATIONAL_TABLES = {
     "email_outbox": "Application events published by product code (the outbox).",
@@ -164,7 +169,10 @@ def analytics_warehouse(
     context: AssetExecutionContext, app_database: AppDatabase, warehouse: Warehouse
 ):
     summary = core.refresh(
-        app_database.get_engine(), warehouse.resolved_path(), lookback_s=warehouse.lookback_s
+        app_database.get_engine(),
+        warehouse.resolved_path(),
+        full=context.run.tags.get(FULL_TAG) == "true",
+        lookback_s=warehouse.lookback_s,
     )
     context.log.info(
         f"loaded {summary.total_loaded} rows ({summary.rows_loaded}); rebuilt "
@@ -370,7 +378,8 @@ analytics_selection = AssetSelection.assets(analytics_warehouse)
         "Refreshes the DuckDB warehouse (the analytics group and its checks) after new sends, "
         "attempts, webhooks or dead-letter changes: at most once per the warehouse resource's "
         "refresh_interval_s (EMAIL_PLATFORM_ANALYTICS_REFRESH_S, default 60 s) while data keeps "
-        f"coming, and at least every {HEARTBEAT_S // 60} minutes. One refresh at a time."
+        f"coming, and at least every {HEARTBEAT_S // 60} minutes; once a day it rebuilds from "
+        "scratch to catch rows committed after the incremental look-back. One at a time."
     ),
 )
 def analytics_refresh_sensor(
@@ -394,12 +403,22 @@ def analytics_refresh_sensor(
     )
     if running:
         return SkipReason(f"Refresh run {running[0].run_id} is still in flight.")
-    context.update_cursor(json.dumps({"fingerprint": fingerprint, "requested_at": now}))
+    # The first refresh builds from scratch anyway; count the reconcile period from it.
+    full = now - cursor.get("full_at", now) >= RECONCILE_S
+    context.update_cursor(
+        json.dumps(
+            {
+                "fingerprint": fingerprint,
+                "requested_at": now,
+                "full_at": now if full else cursor.get("full_at", now),
+            }
+        )
+    )
     stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%dT%H%M%S")
     return RunRequest(
         run_key=f"analytics:{stamp}:{hashlib.sha256(fingerprint.encode()).hexdigest()[:8]}",
         asset_selection=list(analytics_warehouse.keys),
-        tags=RUN_TAGS,
+        tags={**RUN_TAGS, FULL_TAG: "true"} if full else RUN_TAGS,
     )
 
 
