@@ -2,7 +2,8 @@
 
 ``python -m bench.analytics --messages 100000`` (add ``--messages 1000000`` for 1M; several
 ``--messages`` run one after another). For each size it generates a history in a fresh SQLite
-database (about five provider events per message), runs a full refresh, then ``--rounds``
+database (``--backend postgresql``: a fresh PostgreSQL database on ``BENCH_POSTGRES``; about
+five provider events per message), runs a full refresh, then ``--rounds``
 incremental refreshes of ``--increment`` new messages each (plus late engagement for old ones),
 and prints a table. Each refresh runs in its own process so its peak RSS is its own.
 """
@@ -15,8 +16,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+
+from sqlalchemy import create_engine, make_url, text
 
 from bench.generate import generate
 
@@ -66,10 +71,46 @@ def _measure(database_url: str, warehouse_path: str, full: bool) -> dict:
     return json.loads(output.strip().splitlines()[-1])
 
 
-def run(messages: int, increment: int, rounds: int, days: float, workdir: Path) -> list[dict]:
-    database = workdir / f"history_{messages}.sqlite3"
-    path = workdir / f"warehouse_{messages}.duckdb"
-    url = f"sqlite:///{database}"
+PG_SERVER = os.environ.get("BENCH_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432")
+
+
+@contextmanager
+def _database(backend: str, workdir: Path, messages: int) -> Iterator[str]:
+    """A fresh application database: a SQLite file in ``workdir``, or a PostgreSQL database
+    created on ``BENCH_POSTGRES`` and dropped afterwards."""
+    if backend == "sqlite":
+        yield f"sqlite:///{workdir / f'history_{messages}.sqlite3'}"
+        return
+    server = make_url(PG_SERVER)
+    name = f"bench_analytics_{os.getpid()}_{messages}"
+    admin = create_engine(server.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield server.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def run(
+    messages: int,
+    increment: int,
+    rounds: int,
+    days: float,
+    workdir: Path,
+    backend: str = "sqlite",
+) -> list[dict]:
+    with _database(backend, workdir, messages) as url:
+        return _run(
+            url, messages, increment, rounds, days, workdir / f"warehouse_{messages}.duckdb"
+        )
+
+
+def _run(
+    url: str, messages: int, increment: int, rounds: int, days: float, path: Path
+) -> list[dict]:
     now = datetime.now(UTC)
     generated = generate(url, messages=messages, days=days, end=now)
     results = [
@@ -89,8 +130,8 @@ def run(messages: int, increment: int, rounds: int, days: float, workdir: Path) 
     return results
 
 
-def _print(messages: int, results: list[dict]) -> None:
-    print(f"\n== {messages:,} messages ==")
+def _print(title: str, results: list[dict]) -> None:
+    print(f"\n== {title} ==")
     print(
         f"{'step':<28}{'visible':>9}{'extract':>9}{'build':>8}{'ckpt':>7}{'copy':>7}{'total s':>9}"
         f"{'rows in':>10}{'us/row':>8}{'rebuilt':>9}{'RSS MB':>8}{'file MB':>9}"
@@ -121,6 +162,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--days", type=float, default=30)
     parser.add_argument("--workdir", type=Path)
+    parser.add_argument(
+        "--backend",
+        choices=["sqlite", "postgresql"],
+        default="sqlite",
+        help="application database to load from (postgresql: a fresh database on "
+        "BENCH_POSTGRES, default postgresql+psycopg://postgres@127.0.0.1:5432)",
+    )
     parser.add_argument("--phase", choices=["full", "incremental"], help=argparse.SUPPRESS)
     parser.add_argument("--database-url", help=argparse.SUPPRESS)
     parser.add_argument("--warehouse", help=argparse.SUPPRESS)
@@ -132,8 +180,8 @@ def main(argv: list[str] | None = None) -> None:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench_analytics_"))
     workdir.mkdir(parents=True, exist_ok=True)
     for messages in args.messages or [100_000]:
-        results = run(messages, args.increment, args.rounds, args.days, workdir)
-        _print(messages, results)
+        results = run(messages, args.increment, args.rounds, args.days, workdir, args.backend)
+        _print(f"{messages:,} messages, {args.backend}", results)
         if args.json:
             print(json.dumps(results, default=str))
 
