@@ -4,7 +4,8 @@
 ``--messages`` run one after another). For each size it generates a history in a fresh SQLite
 database (``--backend postgresql``: a fresh PostgreSQL database on ``BENCH_POSTGRES``; about
 five provider events per message), runs a full refresh, then ``--rounds``
-incremental refreshes of ``--increment`` new messages each (plus late engagement for old ones),
+incremental refreshes of ``--increment`` new messages each (plus late opens for old messages,
+mostly recent ones; ``--late-uniform`` spreads them over the whole history, the worst case),
 and prints a table. Each refresh runs in its own process so its peak RSS is its own.
 """
 
@@ -101,15 +102,21 @@ def run(
     days: float,
     workdir: Path,
     backend: str = "sqlite",
+    late_recency_days: float | None = 2.0,
 ) -> list[dict]:
     with _database(backend, workdir, messages) as url:
-        return _run(
-            url, messages, increment, rounds, days, workdir / f"warehouse_{messages}.duckdb"
-        )
+        path = workdir / f"warehouse_{backend}_{messages}.duckdb"
+        return _run(url, messages, increment, rounds, days, path, late_recency_days)
 
 
 def _run(
-    url: str, messages: int, increment: int, rounds: int, days: float, path: Path
+    url: str,
+    messages: int,
+    increment: int,
+    rounds: int,
+    days: float,
+    path: Path,
+    late_recency_days: float | None,
 ) -> list[dict]:
     now = datetime.now(UTC)
     generated = generate(url, messages=messages, days=days, end=now)
@@ -122,7 +129,8 @@ def _run(
     for round_ in range(rounds):
         end = now + timedelta(minutes=10 * (round_ + 1))
         generate(url, messages=increment, days=0.005, end=end, seed=100 + round_,
-                 late_events_for_existing=increment // 5)  # fmt: skip
+                 late_events_for_existing=increment // 5,
+                 late_recency_days=late_recency_days)  # fmt: skip
         step = _measure(url, str(path), False)
         results.append({"step": f"incremental +{increment:,} #{round_ + 1}", **step})
     nothing = _measure(url, str(path), False)
@@ -172,6 +180,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--phase", choices=["full", "incremental"], help=argparse.SUPPRESS)
     parser.add_argument("--database-url", help=argparse.SUPPRESS)
     parser.add_argument("--warehouse", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--late-uniform",
+        action="store_true",
+        help="late opens hit messages uniformly over the whole history (worst case) instead "
+        "of mostly recent ones (exponential age, mean 2 days)",
+    )
     parser.add_argument("--json", action="store_true", help="print the raw results as JSON")
     args = parser.parse_args(argv)
     if args.phase:
@@ -180,8 +194,12 @@ def main(argv: list[str] | None = None) -> None:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench_analytics_"))
     workdir.mkdir(parents=True, exist_ok=True)
     for messages in args.messages or [100_000]:
-        results = run(messages, args.increment, args.rounds, args.days, workdir, args.backend)
-        _print(f"{messages:,} messages, {args.backend}", results)
+        recency = None if args.late_uniform else 2.0
+        results = run(
+            messages, args.increment, args.rounds, args.days, workdir, args.backend, recency
+        )
+        late = "uniform late events" if args.late_uniform else "recent late events"
+        _print(f"{messages:,} messages, {args.backend}, {late}", results)
         if args.json:
             print(json.dumps(results, default=str))
 

@@ -17,7 +17,7 @@ the sender.
 import argparse
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 from sqlalchemy import Engine, func, insert, select
@@ -97,11 +97,15 @@ def generate(
     seed: int = 7,
     rates: Rates | None = None,
     late_events_for_existing: int = 0,
+    late_recency_days: float | None = 2.0,
 ) -> Generated:
     """Append ``messages`` messages spread over ``days`` days ending at ``end`` (default now).
 
     ``late_events_for_existing`` adds that many provider events (opens, clicks) for messages
-    that already existed: the late engagement an incremental refresh must pick up.
+    that already existed: the late engagement an incremental refresh must pick up. Real late
+    engagement is mostly recent (people open mail within days): the message's age is drawn
+    from an exponential distribution with mean ``late_recency_days``; ``None`` picks messages
+    uniformly over the whole history (the worst case for an incremental refresh).
     """
     started = time.perf_counter()
     engine = make_engine(database) if isinstance(database, str) else database
@@ -202,7 +206,9 @@ def generate(
     # Late engagement for messages that already existed.
     late_m = np.array([], dtype=np.int64)
     if late_events_for_existing and first_message > 1:
-        late_m = rng.integers(1, first_message, late_events_for_existing)
+        late_m = _late_messages(
+            engine, first_message, late_events_for_existing, late_recency_days, end, rng
+        )
     received = np.concatenate(
         [ev_at + rng.integers(50_000, 3_000_000, ev_at.size) * us, np.full(late_m.size, end64)]
     )
@@ -366,6 +372,35 @@ def _bulk_insert(connection, table, rows: list[dict], sqlite: bool) -> None:  # 
         return
     for start in range(0, len(rows), 50_000):
         connection.execute(insert(table), rows[start : start + 50_000])
+
+
+def _late_messages(
+    engine: Engine,
+    first_message: int,
+    count: int,
+    recency_days: float | None,
+    end: datetime,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Existing message ids that get a late event: uniform, or weighted towards recent ones."""
+    if recency_days is None:
+        return rng.integers(1, first_message, count)
+    since = end - timedelta(days=recency_days * 5)
+    if engine.dialect.name == "postgresql":
+        since = since.replace(tzinfo=UTC)
+    with engine.connect() as connection:
+        rows = connection.execute(
+            select(email_messages.c.message_id, email_messages.c.created_at).where(
+                email_messages.c.created_at >= since
+            )
+        ).all()
+    if not rows:
+        return rng.integers(1, first_message, count)
+    ids = np.array([r[0] for r in rows], dtype=np.int64)
+    created = [r[1].astimezone(UTC).replace(tzinfo=None) if r[1].tzinfo else r[1] for r in rows]
+    ages_days = np.array([(end - at).total_seconds() / 86_400 for at in created])
+    weights = np.exp(-np.clip(ages_days, 0, None) / recency_days)
+    return rng.choice(ids, count, p=weights / weights.sum())
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -522,9 +522,18 @@ def _load_source(
         f"SEMI JOIN _incoming AS i ON {key_match}"
     )
     if connection.execute("SELECT 1 FROM _existing LIMIT 1").fetchone():
+        # New keys as they are; for known keys, only versions that differ from the loaded one
+        # (the set difference runs over the few re-read rows, not everything incoming).
         connection.execute(
-            "CREATE OR REPLACE TEMP TABLE _changed AS "
-            "SELECT * FROM _incoming EXCEPT SELECT * EXCLUDE (_row) FROM _existing"
+            f"""
+            CREATE OR REPLACE TEMP TABLE _changed AS
+            SELECT i.* FROM _incoming AS i ANTI JOIN _existing AS r ON {key_match}
+            UNION ALL (
+                SELECT i.* FROM _incoming AS i SEMI JOIN _existing AS r ON {key_match}
+                EXCEPT
+                SELECT * EXCLUDE (_row) FROM _existing
+            )
+            """
         )
         changed = "_changed"
     else:
@@ -591,7 +600,7 @@ def _build_models(connection: duckdb.DuckDBPyConnection, full: bool) -> tuple[in
         "WHERE message_id IN (SELECT message_id FROM _scope)"
     )
     connection.execute(f"DELETE FROM {FUNNEL} WHERE message_id IN (SELECT message_id FROM _scope)")
-    with _scoped_raw_tables(connection):
+    with _shadowed(connection, _SCOPE_FILTERS):
         connection.execute(
             f"INSERT INTO {FUNNEL} SELECT * FROM (\n{model_sql(FUNNEL)}\n) "
             "WHERE message_id IN (SELECT message_id FROM _scope) ORDER BY message_id"
@@ -602,14 +611,16 @@ def _build_models(connection: duckdb.DuckDBPyConnection, full: bool) -> tuple[in
     )
     days = connection.execute("SELECT count(*) FROM _days").fetchone()[0]
     connection.execute(f"DELETE FROM {FUNNEL_DAILY} WHERE day IN (SELECT day FROM _days)")
-    connection.execute(
-        f"INSERT INTO {FUNNEL_DAILY} SELECT * FROM (\n{model_sql(FUNNEL_DAILY)}\n) "
-        "WHERE day IN (SELECT day FROM _days) ORDER BY ALL"
-    )
+    with _shadowed(connection, {FUNNEL: "day IN (SELECT day FROM _days)"}):
+        connection.execute(
+            f"INSERT INTO {FUNNEL_DAILY} SELECT * FROM (\n{model_sql(FUNNEL_DAILY)}\n) "
+            "WHERE day IN (SELECT day FROM _days) ORDER BY ALL"
+        )
     return messages, days
 
 
-# The raw rows one message's funnel row reads, per raw table (the outbox row via its event).
+# The raw rows one message's funnel row reads, per raw table (the outbox row via its event);
+# a message's funnel row depends on nothing else.
 _SCOPE_FILTERS = {
     "raw_email_messages": "message_id IN (SELECT message_id FROM _scope)",
     "raw_email_attempts": "message_id IN (SELECT message_id FROM _scope)",
@@ -620,30 +631,30 @@ _SCOPE_FILTERS = {
 
 
 @contextmanager
-def _scoped_raw_tables(connection: duckdb.DuckDBPyConnection) -> Iterator[None]:
-    """Shadow each raw table with a temp view of only the rows of the messages in ``_scope``,
-    for the duration of the block.
+def _shadowed(connection: duckdb.DuckDBPyConnection, filters: dict[str, str]) -> Iterator[None]:
+    """Shadow each named table with a temp view of only its rows matching the filter, for the
+    duration of the block.
 
     DuckDB binds the unqualified names inside a view when it is queried, temp schema first, so
-    the staging views and the funnel SQL run unchanged over a few thousand rows instead of
-    aggregating millions and filtering afterwards (the filter does not push through their
-    GROUP BYs). Views, not tables: each reader then scans only the columns it needs. A
-    message's funnel row depends on nothing outside these rows.
+    the staging views and the model SQL run unchanged over the rows that can change instead of
+    aggregating everything and filtering afterwards (the filter does not push through their
+    GROUP BYs). Views, not tables: each reader then scans only the columns it needs, and zone
+    maps skip the row groups the filter rules out.
     """
     # Fully qualified: inside the temp catalog, a bare ``main.`` names the temp schema itself.
     database = connection.execute("SELECT current_database()").fetchone()[0]
     created = []
     try:
-        for raw, condition in _SCOPE_FILTERS.items():
+        for table, condition in filters.items():
             connection.execute(
-                f'CREATE OR REPLACE TEMP VIEW {raw} AS SELECT * FROM "{database}".main.{raw} '
+                f'CREATE OR REPLACE TEMP VIEW {table} AS SELECT * FROM "{database}".main.{table} '
                 f"WHERE {condition}"
             )
-            created.append(raw)
+            created.append(table)
         yield
     finally:
-        for raw in reversed(created):
-            connection.execute(f"DROP VIEW IF EXISTS temp.main.{raw}")
+        for table in reversed(created):
+            connection.execute(f"DROP VIEW IF EXISTS temp.main.{table}")
 
 
 def operational_fingerprint(engine: Engine) -> str:
