@@ -7,10 +7,11 @@ still pending, under the idempotency key that was committed before the first pro
 """
 
 import logging
+import threading
 from collections.abc import Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from queue import Empty, SimpleQueue
 from typing import Any
 
 from sqlalchemy import Engine, Row
@@ -35,6 +36,8 @@ from email_platform.timeutil import as_utc, utcnow
 
 # A run that keeps dying on the same events must not loop forever.
 MAX_CLAIMS = 5
+# Most send outcomes recorded in one transaction.
+RECORD_GROUP_MAX = 200
 _HARD_SUPPRESSIONS = {suppressions.HARD_BOUNCE, suppressions.COMPLAINT, suppressions.MANUAL}
 
 
@@ -79,6 +82,39 @@ class _Work:
 
     message: Row
     email: OutgoingEmail
+
+
+@dataclass
+class _Sent:
+    """What one provider call came back with."""
+
+    item: _Work
+    started: datetime
+    result: Accepted | DeliveryError | ConfigurationError
+
+
+def _next_group(done: SimpleQueue[_Sent | None], running: int) -> tuple[list[_Sent], int]:
+    """Wait for the next outcome, then take every one already waiting (at most a group's worth).
+
+    Returns the outcomes and how many of the ``running`` workers said they finished. Sends keep
+    completing while a group commits, so groups grow with the send rate on their own: one
+    commit records many sends, and no outcome waits for its commit longer than the previous
+    commit took.
+    """
+    group: list[_Sent] = []
+    exited = 0
+    sent = done.get()
+    while True:
+        if sent is None:
+            exited += 1
+        else:
+            group.append(sent)
+        if exited == running or len(group) >= RECORD_GROUP_MAX:
+            return group, exited
+        try:
+            sent = done.get_nowait()
+        except Empty:
+            return group, exited
 
 
 class BatchSender:
@@ -412,37 +448,81 @@ class BatchSender:
     # ---- sending -----------------------------------------------------------------------------
 
     def _send_all(self, work: list[_Work], run_id: str, outcome: BatchOutcome) -> None:
+        """Send ``work`` from ``lane.concurrency`` threads; record outcomes as they arrive.
+
+        The workers pull from one queue and push what happened onto another, so the run thread
+        waits on a single queue instead of polling every future of the batch (which cost O(n)
+        per completion). A configuration error stops further sends: what is already in flight
+        is recorded, then the error fails the run.
+        """
         if not work:
             return
-        with ThreadPoolExecutor(
-            max_workers=max(1, self.lane.concurrency), thread_name_prefix="send"
-        ) as pool:
-            futures: dict[Future, tuple[_Work, datetime]] = {}
-            for item in work:
-                futures[pool.submit(self.provider.send, item.email)] = (item, utcnow())
-            remaining = set(futures)
-            while remaining:
-                done, remaining = wait(remaining, return_when=FIRST_COMPLETED)
-                # Record every finished send as soon as it is known: one transaction per group
-                # of completions, the accepted ones with one statement per table.
+        todo: SimpleQueue[_Work | None] = SimpleQueue()
+        done: SimpleQueue[_Sent | None] = SimpleQueue()
+        stop = threading.Event()
+        workers = min(max(1, self.lane.concurrency), len(work))
+        for item in work:
+            todo.put(item)
+        for _ in range(workers):
+            todo.put(None)
+        threads = [
+            threading.Thread(
+                target=self._send_worker, args=(todo, done, stop), name=f"send-{i}", daemon=True
+            )
+            for i in range(workers)
+        ]
+        for thread in threads:
+            thread.start()
+        configuration_error: ConfigurationError | None = None
+        try:
+            running = workers
+            while running:
+                group, exited = _next_group(done, running)
+                running -= exited
+                if not group:
+                    continue
+                # One transaction per group, the accepted sends with one statement per table.
                 with self.engine.begin() as connection:
                     accepted: list[tuple[_Work, Accepted, datetime]] = []
-                    for future in done:
-                        item, started = futures[future]
-                        result = self._result_of(future)
-                        if isinstance(result, Accepted):
-                            accepted.append((item, result, started))
+                    for sent in group:
+                        if isinstance(sent.result, Accepted):
+                            accepted.append((sent.item, sent.result, sent.started))
+                        elif isinstance(sent.result, ConfigurationError):
+                            # A wrong setting is the deployment's to fix: dead-letter nothing.
+                            configuration_error = configuration_error or sent.result
                         else:
-                            self._record(connection, item, result, started, run_id, outcome)
+                            self._record(
+                                connection, sent.item, sent.result, sent.started, run_id, outcome
+                            )
                     self._record_accepted(connection, accepted, run_id, outcome)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
+        if configuration_error is not None:
+            raise configuration_error
 
-    @staticmethod
-    def _result_of(future: Future) -> Accepted | DeliveryError:
+    def _send_worker(
+        self,
+        todo: SimpleQueue[_Work | None],
+        done: SimpleQueue[_Sent | None],
+        stop: threading.Event,
+    ) -> None:
         try:
-            return future.result()
-        except ConfigurationError:
-            # A wrong setting is the deployment's to fix: fail the run loudly, dead-letter nothing.
-            raise
+            while not stop.is_set() and (item := todo.get()) is not None:
+                started = utcnow()
+                result = self._attempt(item.email)
+                if isinstance(result, ConfigurationError):
+                    stop.set()  # every further send would fail the same way
+                done.put(_Sent(item, started, result))
+        finally:
+            done.put(None)  # this worker is finished
+
+    def _attempt(self, email: OutgoingEmail) -> Accepted | DeliveryError | ConfigurationError:
+        try:
+            return self.provider.send(email)
+        except ConfigurationError as error:
+            return error
         except Exception as exc:  # the provider raised: classify, never let one message sink all
             return classify_exception(exc)
 

@@ -3,14 +3,15 @@
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Row, func, insert, select
+from sqlalchemy import Connection, Row, func, select
 
 from email_platform.db.schema import email_attempts as attempts
+from email_platform.store.bulk import insert_rows
 
 
 def add(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
-    if rows:
-        connection.execute(insert(attempts), list(rows))
+    """Record provider calls, a whole group of them in one statement."""
+    insert_rows(connection, attempts, rows)
 
 
 def for_event(connection: Connection, event_id: str) -> list[Row]:

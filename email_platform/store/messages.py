@@ -8,6 +8,7 @@ from sqlalchemy import Connection, Row, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from email_platform.db.schema import email_messages as messages
+from email_platform.store.bulk import on_postgresql, one_of, unnest
 
 PENDING, SENT, SUPPRESSED, EXPIRED, DUPLICATE, DEAD = (
     "pending",
@@ -28,7 +29,7 @@ def for_events(connection: Connection, event_ids: Sequence[str]) -> list[Row]:
         rows.extend(
             connection.execute(
                 select(messages)
-                .where(messages.c.event_id.in_(chunk))
+                .where(one_of(connection, messages.c.event_id, chunk))
                 .order_by(messages.c.message_id)
             ).all()
         )
@@ -67,7 +68,8 @@ def create(connection: Connection, values: dict[str, Any]) -> Row:
 
 
 def create_many(connection: Connection, rows: Sequence[dict[str, Any]]) -> list[Row]:
-    """``create`` for many messages, in order, with one multi-row INSERT in the common case.
+    """``create`` for many messages, in order, with one INSERT in the common case (from
+    ``unnest`` of the columns' arrays on PostgreSQL, multi-row VALUES on SQLite).
 
     The rows go in under one savepoint; if any of them hits a unique index (a dedupe key or an
     idempotency key already taken, or two rows of this batch sharing one), the savepoint rolls
@@ -76,16 +78,28 @@ def create_many(connection: Connection, rows: Sequence[dict[str, Any]]) -> list[
     """
     if not rows:
         return []
-    columns = set().union(*(row.keys() for row in rows))
-    uniform = [{column: row.get(column) for column in columns} for row in rows]
+    columns = sorted(set().union(*(row.keys() for row in rows)))
     try:
         with connection.begin_nested():
-            created = connection.execute(
-                insert(messages).returning(*messages.c, sort_by_parameter_order=True), uniform
-            ).all()
+            if on_postgresql(connection):
+                source = unnest(messages, columns, rows)
+                inserted = connection.execute(
+                    insert(messages)
+                    .from_select(columns, select(*(source.c[name] for name in columns)))
+                    .returning(*messages.c)
+                ).all()
+                # Each row's idempotency key is unique, so it says which input a row is.
+                by_key = {row.idempotency_key: row for row in inserted}
+                return [by_key[row["idempotency_key"]] for row in rows]
+            uniform = [{column: row.get(column) for column in columns} for row in rows]
+            return list(
+                connection.execute(
+                    insert(messages).returning(*messages.c, sort_by_parameter_order=True),
+                    uniform,
+                ).all()
+            )
     except IntegrityError:
         return [create(connection, row) for row in rows]
-    return list(created)
 
 
 def record_accepted_many(
@@ -97,18 +111,30 @@ def record_accepted_many(
     """
     if not accepted:
         return
+    values: dict[str, Any] = {
+        "attempts": messages.c.attempts + 1,
+        "updated_at": now,
+        "provider": provider,
+        "last_error": None,
+        "status": SENT,
+        "sent_at": now,
+    }
+    if on_postgresql(connection):
+        source = unnest(
+            messages,
+            ["message_id", "provider_message_id"],
+            [{"message_id": m, "provider_message_id": p} for m, p in accepted],
+        )
+        connection.execute(
+            update(messages)
+            .where(messages.c.message_id == source.c.message_id)
+            .values(**values, provider_message_id=source.c.provider_message_id)
+        )
+        return
     connection.execute(
         update(messages)
         .where(messages.c.message_id == bindparam("b_message_id"))
-        .values(
-            attempts=messages.c.attempts + 1,
-            updated_at=now,
-            provider=provider,
-            last_error=None,
-            status=SENT,
-            provider_message_id=bindparam("b_provider_message_id"),
-            sent_at=now,
-        ),
+        .values(**values, provider_message_id=bindparam("b_provider_message_id")),
         [{"b_message_id": m, "b_provider_message_id": p} for m, p in accepted],
     )
 
@@ -173,7 +199,7 @@ def reopen(connection: Connection, message_ids: Sequence[int], now: datetime) ->
         return 0
     return connection.execute(
         update(messages)
-        .where(messages.c.message_id.in_(list(message_ids)), messages.c.status == DEAD)
+        .where(one_of(connection, messages.c.message_id, message_ids), messages.c.status == DEAD)
         .values(status=PENDING, updated_at=now)
     ).rowcount
 

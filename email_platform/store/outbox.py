@@ -7,6 +7,7 @@ from typing import Any
 from sqlalchemy import Connection, Row, and_, case, func, insert, or_, select, update
 
 from email_platform.db.schema import email_outbox as outbox
+from email_platform.store.bulk import one_of
 
 PENDING, IN_FLIGHT, DONE, DEAD = "pending", "in_flight", "done", "dead"
 EVENT_STATUSES = (PENDING, IN_FLIGHT, DONE, DEAD)
@@ -54,7 +55,7 @@ def mark_requested(connection: Connection, event_ids: Sequence[str], now: dateti
     for chunk in _chunks(event_ids, 500):
         connection.execute(
             update(outbox)
-            .where(outbox.c.event_id.in_(chunk))
+            .where(one_of(connection, outbox.c.event_id, chunk))
             .values(requested_at=now, request_count=outbox.c.request_count + 1)
         )
 
@@ -87,7 +88,7 @@ def claim(
         conditions.append(outbox.c.status == DEAD)
     claimed: list[Row] = []
     for chunk in _chunks(event_ids, 500):
-        claimable = and_(outbox.c.event_id.in_(chunk), or_(*conditions))
+        claimable = and_(one_of(connection, outbox.c.event_id, chunk), or_(*conditions))
         if connection.dialect.name == "postgresql":
             # SKIP LOCKED: a row another transaction is claiming right now is simply not ours.
             locked = select(outbox.c.event_id).where(claimable).with_for_update(skip_locked=True)
@@ -119,7 +120,7 @@ def extend_lease(
         connection.execute(
             update(outbox)
             .where(
-                outbox.c.event_id.in_(chunk),
+                one_of(connection, outbox.c.event_id, chunk),
                 outbox.c.claimed_by == run_id,
                 outbox.c.status == IN_FLIGHT,
             )
@@ -139,7 +140,7 @@ def finish(
     for chunk in _chunks(event_ids, 500):
         connection.execute(
             update(outbox)
-            .where(outbox.c.event_id.in_(chunk))
+            .where(one_of(connection, outbox.c.event_id, chunk))
             .values(status=status, resolution=resolution, done_at=now, lease_expires_at=None)
         )
 
@@ -161,7 +162,7 @@ def requeue(connection: Connection, event_ids: Sequence[str]) -> int:
     for chunk in _chunks(event_ids, 500):
         total += connection.execute(
             update(outbox)
-            .where(outbox.c.event_id.in_(chunk), outbox.c.status == DEAD)
+            .where(one_of(connection, outbox.c.event_id, chunk), outbox.c.status == DEAD)
             .values(
                 status=PENDING,
                 resolution=None,

@@ -1,0 +1,70 @@
+"""Batch statements the store modules share: one statement per batch, whatever its size.
+
+On PostgreSQL a batch travels as one array per column: the SQL text stays the same whatever the
+batch size, so psycopg parses it once and the server prepares it once. An IN list or a multi-row
+VALUES has one placeholder per value instead, and psycopg re-parses that text on every call (a
+few microseconds per placeholder, most of the cost of a batch insert); an executemany runs one
+statement per row on the server. SQLite keeps the portable forms.
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    String,
+    Table,
+    TableValuedAlias,
+    any_,
+    bindparam,
+    func,
+    insert,
+    select,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
+
+
+def on_postgresql(connection: Connection) -> bool:
+    return connection.dialect.name == "postgresql"
+
+
+def _array_of(column: Any) -> ARRAY:
+    item = column.type
+    if isinstance(item, String) and item.length is not None:
+        # The array is cast explicitly, and an explicit cast to VARCHAR(n) truncates: an
+        # over-long value would match or be stored cut short instead of being refused.
+        item = String()
+    return ARRAY(item)
+
+
+def one_of(connection: Connection, column: Any, values: Sequence[Any]) -> ColumnElement[bool]:
+    """``column IN (values)``: ``column = ANY(array)`` on PostgreSQL."""
+    if on_postgresql(connection):
+        return column == any_(bindparam(None, list(values), type_=_array_of(column)))
+    return column.in_(list(values))
+
+
+def unnest(
+    table: Table, columns: Sequence[str], rows: Sequence[dict[str, Any]]
+) -> TableValuedAlias:
+    """PostgreSQL only: ``rows`` as a FROM-able ``unnest(array, ...) AS t(columns)``."""
+    arrays = [
+        bindparam(None, [row.get(name) for row in rows], type_=_array_of(table.c[name]))
+        for name in columns
+    ]
+    return func.unnest(*arrays).table_valued(*columns).render_derived()
+
+
+def insert_rows(connection: Connection, table: Table, rows: Sequence[dict[str, Any]]) -> None:
+    """Insert ``rows`` with one statement (PostgreSQL) or one executemany (SQLite)."""
+    if not rows:
+        return
+    if on_postgresql(connection):
+        columns = sorted(set().union(*(row.keys() for row in rows)))
+        source = unnest(table, columns, rows)
+        connection.execute(
+            insert(table).from_select(columns, select(*(source.c[name] for name in columns)))
+        )
+    else:
+        connection.execute(insert(table), list(rows))

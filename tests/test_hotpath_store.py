@@ -1,0 +1,167 @@
+"""The batch statements of the send path, on SQLite and PostgreSQL.
+
+PostgreSQL takes a batch as one array per column (``unnest``, ``= ANY``); SQLite keeps the
+multi-row forms. Both must give the same answers: rows created in the caller's order with the
+caller's values, a unique-key conflict inside a batch still resolved first-come, each accepted
+message updated with its own provider id, a set filter matching exactly its members, and a
+value too long for its column refused rather than silently cut short.
+"""
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError
+
+from email_platform.db.schema import email_attempts, email_messages
+from email_platform.store import attempts, messages, outbox
+from email_platform.timeutil import as_utc, utcnow
+from tests.support import event, signup
+
+
+def _values(event_id: str, n: int, **overrides: object) -> dict:
+    now = utcnow()
+    values = {
+        "event_id": event_id,
+        "route": "welcome",
+        "template": "welcome",
+        "template_version": 1,
+        "lane": "transactional",
+        "recipient": f"u{n}@example.com",
+        "recipient_domain": "example.com",
+        "idempotency_key": f"{event_id}:welcome",
+        "dedupe_key": f"welcome:u{n}",
+        "status": messages.PENDING,
+        "expires_at": now + timedelta(hours=n),
+        "created_at": now,
+        "updated_at": now,
+        "provider": "sandbox",
+    }
+    values.update(overrides)
+    return values
+
+
+def test_create_many_returns_rows_in_order_with_their_values(engine):
+    ids = [signup(engine, f"u{i}") for i in range(30)]
+    # Reverse order: the answer follows the input, not the insert or id order.
+    rows = [_values(event_id, n) for n, event_id in reversed(list(enumerate(ids)))]
+    rows[3]["dedupe_key"] = None
+    with engine.begin() as connection:
+        created = messages.create_many(connection, rows)
+    assert [m.event_id for m in created] == [r["event_id"] for r in rows]
+    for message, values in zip(created, rows, strict=True):
+        assert message.recipient == values["recipient"]
+        assert message.dedupe_key == values["dedupe_key"]
+        assert as_utc(message.expires_at) == values["expires_at"]
+        assert (message.status, message.attempts) == ("pending", 0)  # server default
+
+
+def test_create_many_resolves_a_shared_dedupe_key_first_come(engine):
+    first, second, third = (signup(engine, f"u{i}") for i in range(3))
+    rows = [
+        _values(first, 1, dedupe_key="welcome:same"),
+        _values(second, 2, dedupe_key="welcome:same"),
+        _values(third, 3),
+    ]
+    with engine.begin() as connection:
+        created = messages.create_many(connection, rows)
+    assert [m.event_id for m in created] == [first, second, third]
+    assert [m.status for m in created] == ["pending", "duplicate", "pending"]
+    assert created[0].dedupe_key == "welcome:same" and created[1].dedupe_key is None
+
+
+def test_record_accepted_many_gives_each_message_its_own_provider_id(engine):
+    ids = [signup(engine, f"u{i}") for i in range(5)]
+    with engine.begin() as connection:
+        created = messages.create_many(connection, [_values(e, n) for n, e in enumerate(ids)])
+    accepted = [(m.message_id, f"prov-{m.event_id}") for m in created[:4]]
+    now = utcnow()
+    with engine.begin() as connection:
+        messages.record_accepted_many(connection, accepted, now, "sandbox")
+        rows = {m.event_id: m for m in messages.for_events(connection, ids)}
+    for event_id in ids[:4]:
+        row = rows[event_id]
+        assert (row.status, row.attempts, row.provider_message_id) == (
+            "sent",
+            1,
+            f"prov-{event_id}",
+        )
+        assert as_utc(row.sent_at) == now
+    assert (rows[ids[4]].status, rows[ids[4]].attempts) == ("pending", 0)
+
+
+def test_attempts_add_inserts_every_row_as_given(engine):
+    ids = [signup(engine, f"u{i}") for i in range(3)]
+    with engine.begin() as connection:
+        created = messages.create_many(connection, [_values(e, n) for n, e in enumerate(ids)])
+    now = utcnow()
+    rows = [
+        {
+            "message_id": m.message_id,
+            "event_id": m.event_id,
+            "run_id": "run-1",
+            "attempt_no": 1,
+            "started_at": now,
+            "finished_at": now,
+            "outcome": outcome,
+            "http_status": status,
+            "provider_message_id": None,
+            "error": error,
+            "retry_after_s": retry_after_s,
+        }
+        for m, outcome, status, error, retry_after_s in zip(
+            created,
+            ["accepted", "transient", "permanent"],
+            [200, 429, None],
+            [None, "rate limited", "refused"],
+            [None, 1.5, None],
+            strict=True,
+        )
+    ]
+    with engine.begin() as connection:
+        attempts.add(connection, rows)
+        stored = connection.execute(select(email_attempts).order_by(email_attempts.c.attempt_id))
+        got = [(r.message_id, r.outcome, r.http_status, r.error, r.retry_after_s) for r in stored]
+    assert got == [
+        (r["message_id"], r["outcome"], r["http_status"], r["error"], r["retry_after_s"])
+        for r in rows
+    ]
+
+
+def test_set_filters_match_exactly_their_members(engine):
+    ids = [signup(engine, f"u{i}") for i in range(6)]
+    with engine.begin() as connection:
+        messages.create_many(connection, [_values(e, n) for n, e in enumerate(ids)])
+        chosen = ids[1:4]
+        assert sorted(m.event_id for m in messages.for_events(connection, chosen)) == sorted(chosen)
+        outbox.finish(connection, chosen, status=outbox.DONE, resolution="sent", now=utcnow())
+        total = connection.execute(select(email_messages)).all()
+    assert len(total) == 6
+    assert [event(engine, e).status for e in ids] == [
+        "pending",
+        "done",
+        "done",
+        "done",
+        "pending",
+        "pending",
+    ]
+
+
+def test_a_longer_id_sharing_a_prefix_matches_nothing(engine):
+    event_id = signup(engine, "u1")
+    with engine.begin() as connection:
+        messages.create_many(connection, [_values(event_id, 1)])
+        assert messages.for_events(connection, [event_id + "XXXX"]) == []
+        outbox.finish(
+            connection, [event_id + "XXXX"], status=outbox.DONE, resolution="sent", now=utcnow()
+        )
+    assert event(engine, event_id).status == "pending"
+
+
+# PostgreSQL only: SQLite does not enforce VARCHAR lengths at all.
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_a_value_too_long_for_its_column_is_refused_not_cut_short(engine):
+    event_id = signup(engine, "u1")
+    too_long = _values(event_id, 1, idempotency_key="k" * 300)
+    with pytest.raises(DBAPIError, match="too long"), engine.begin() as connection:
+        messages.create_many(connection, [too_long])
