@@ -403,28 +403,51 @@ def _refresh_locked(
             name: connection.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0]
             for name in (*(s.raw_table for s in SOURCES), FUNNEL, FUNNEL_DAILY)
         }
-        summary.funnel = funnel_totals(connection)
         phase = time.perf_counter()
         connection.execute("CHECKPOINT")
     finally:
         connection.close()
     summary.timings_s["checkpoint"] = time.perf_counter() - phase
+    built = writer
     if publish:
         phase = time.perf_counter()
         warehouse_path.parent.mkdir(parents=True, exist_ok=True)
+        # The old snapshot keeps a second name until after the swap, so freeing its blocks
+        # (the unlink) is not on the path to fresh data either.
+        retired = _retire(warehouse_path)
         # The closed, checkpointed writer file becomes the snapshot in one rename: readers see
         # the new data now, and nothing writes that file again.
         os.replace(writer, warehouse_path)
+        built = warehouse_path
         summary.timings_s["publish"] = time.perf_counter() - phase
         summary.timings_s["visible"] = time.perf_counter() - started
         phase = time.perf_counter()
+        if retired is not None:
+            retired.unlink()
         # The next refresh writes into a copy. Made now, after publishing, so the copy is not
         # on the path to fresh data; flushed, so the next checkpoint only syncs its own writes.
         _copy_durably(warehouse_path, writer)
         summary.timings_s["prepare_next"] = time.perf_counter() - phase
+    # Numbers for the UI, read from what was just built (readers already have it).
+    reader = _connect(built, read_only=True)
+    try:
+        summary.funnel = funnel_totals(reader)
+    finally:
+        reader.close()
     summary.timings_s["total"] = time.perf_counter() - started
     summary.finished_at = datetime.now(UTC)
     return summary
+
+
+def _retire(snapshot: Path) -> Path | None:
+    """Give the current snapshot a second name to unlink later; clear leftovers of crashes."""
+    for stale in snapshot.parent.glob(f".{snapshot.name}.*.retired"):
+        stale.unlink(missing_ok=True)
+    if not snapshot.exists():
+        return None
+    retired = snapshot.with_name(f".{snapshot.name}.{os.getpid()}.retired")
+    os.link(snapshot, retired)
+    return retired
 
 
 def _copy_durably(source: Path, target: Path) -> None:
