@@ -583,7 +583,8 @@ def _load_source(
     loaded = connection.execute(f"SELECT count(*) FROM {changed}").fetchone()[0]
     if loaded:
         if changed == "_changed":
-            # Replaced versions go by row id: no second pass over the raw table.
+            # Replaced versions go by row id: no second pass over the raw table. (Nothing was
+            # written since the ids were read, so no checkpoint can have moved them.)
             connection.execute(
                 f"DELETE FROM {raw} WHERE rowid IN (SELECT r._row FROM _existing AS r "
                 f"SEMI JOIN _changed AS i ON {key_match})"
