@@ -370,6 +370,8 @@ def _print_funnel(database_url: str, dagster_home: Path, event_ids: list[str]) -
                 "app_database": AppDatabase(url=database_url),
                 "warehouse": Warehouse(path=warehouse_path),
             },
+            # The run's events are in the Dagster UI; the terminal gets warnings and errors.
+            run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
             raise_on_error=False,
         )
     if not result.success:
