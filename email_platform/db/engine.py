@@ -1,11 +1,13 @@
 """Engines and migrations for the application database (SQLite by default, PostgreSQL in prod)."""
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.engine import make_url
+
+if TYPE_CHECKING:  # Alembic is needed to migrate, not by every process that imports this
+    from alembic.config import Config
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
@@ -50,7 +52,9 @@ def is_postgresql(engine: Engine) -> bool:
     return engine.dialect.name == "postgresql"
 
 
-def alembic_config(engine: Engine) -> Config:
+def alembic_config(engine: Engine) -> "Config":
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     config.attributes["engine"] = engine
@@ -59,6 +63,8 @@ def alembic_config(engine: Engine) -> Config:
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Bring the schema to ``revision`` (``email-platform db upgrade``)."""
+    from alembic import command
+
     command.upgrade(alembic_config(engine), revision)
 
 
