@@ -4,6 +4,7 @@ Values are read when asked for, never at import, so tests and the CLI can point 
 another database or provider by setting the environment before calling in.
 """
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -70,7 +71,7 @@ def analytics_refresh_s(env: Mapping[str, str] | None = None) -> float:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not value > 0:
+    if not (value > 0 and math.isfinite(value)):
         raise ValueError(f"{PREFIX}ANALYTICS_REFRESH_S must be a positive number, got {raw!r}")
     return value
 

@@ -38,6 +38,7 @@ serialized by an ``flock`` on ``<warehouse>.lock``.
 """
 
 import fcntl
+import glob
 import hashlib
 import os
 import shutil
@@ -89,7 +90,7 @@ STATE_TABLE = "warehouse_load_state"
 DEFAULT_LOOKBACK_S = 120
 LOCK_TIMEOUT_S = 600.0
 WRITER_CATALOG = "warehouse"
-AFFECTED = "memory.main._affected"
+AFFECTED = "_affected"
 ROW_GROUP_ROWS = 16_384
 
 
@@ -265,8 +266,7 @@ def _connect(path: str | os.PathLike[str], *, read_only: bool) -> duckdb.DuckDBP
         # The writer file is attached to an in-memory host so it can take a row group size:
         # a checkpoint rewrites the row group each table's new rows were appended to, so small
         # row groups make a refresh's checkpoint small (measured at 1M messages: 0.13-0.22 s
-        # instead of 0.15-0.9 s with DuckDB's 122,880 rows). The host's own in-memory catalog
-        # holds scratch tables that should never reach the file.
+        # instead of 0.15-0.9 s with DuckDB's 122,880 rows).
         connection = duckdb.connect()
         quoted = "'" + os.fspath(path).replace("'", "''") + "'"
         connection.execute(f"ATTACH {quoted} AS {WRITER_CATALOG} (ROW_GROUP_SIZE {ROW_GROUP_ROWS})")
@@ -376,6 +376,7 @@ def _refresh_locked(
         warehouse_path=str(warehouse_path), full_build=full, started_at=datetime.now(UTC)
     )
     writer = writer_path(warehouse_path)
+    _remove_leftovers(warehouse_path)
     if full and writer.exists():
         writer.unlink()
     elif not full and not writer.exists() and warehouse_path.exists():
@@ -391,13 +392,15 @@ def _refresh_locked(
         phase = time.perf_counter()
         fingerprint = _models_fingerprint()
         rebuild = full or _state_value(connection, "models") != fingerprint
-        # In the in-memory host catalog: never written to the file.
-        connection.execute(f"CREATE OR REPLACE TABLE {AFFECTED} (message_id BIGINT)")
         attached = attach(connection, engine)
-        loads = {}
+        # One transaction from the first load to the saved high-water marks: a refresh that
+        # fails or is killed half-way leaves the writer file as the last refresh left it, so
+        # the next one loads the same rows again and rebuilds the funnel rows they touch.
+        # (Committed loads with an uncommitted rebuild would be skipped as "already loaded".)
+        connection.execute("BEGIN TRANSACTION")
         try:
-            # One source after another: loading two at once saved under 0.1 s on two cores,
-            # and concurrent SQLite readers sometimes waited a second on each other.
+            connection.execute(f"CREATE OR REPLACE TEMP TABLE {AFFECTED} (message_id BIGINT)")
+            loads = {}
             for source in SOURCES:
                 since = state.get(source.name)
                 if since is not None:
@@ -405,19 +408,23 @@ def _refresh_locked(
                 loads[source.name] = _load_source(
                     connection, attached, source, since, mark_affected=not rebuild
                 )
+            for source in SOURCES:
+                read, loaded, hwm = loads[source.name]
+                summary.rows_read[source.name] = read
+                summary.rows_loaded[source.name] = loaded
+                summary.high_water_marks[source.name] = hwm or state.get(source.name)
+            summary.timings_s["extract_load"] = time.perf_counter() - phase
+
+            phase = time.perf_counter()
+            summary.full_build = rebuild
+            summary.messages_rebuilt, summary.days_rebuilt = _build_models(connection, rebuild)
+            _save_state(connection, summary, fingerprint)
+            connection.execute("COMMIT")
+        except BaseException:
+            connection.execute("ROLLBACK")
+            raise
         finally:
             detach(connection, attached)
-        for source in SOURCES:
-            read, loaded, hwm = loads[source.name]
-            summary.rows_read[source.name] = read
-            summary.rows_loaded[source.name] = loaded
-            summary.high_water_marks[source.name] = hwm or state.get(source.name)
-        summary.timings_s["extract_load"] = time.perf_counter() - phase
-
-        phase = time.perf_counter()
-        summary.full_build = rebuild
-        summary.messages_rebuilt, summary.days_rebuilt = _build_models(connection, rebuild)
-        _save_state(connection, summary, fingerprint)
         summary.timings_s["build"] = time.perf_counter() - phase
 
         summary.table_rows = {
@@ -461,14 +468,21 @@ def _refresh_locked(
 
 
 def _retire(snapshot: Path) -> Path | None:
-    """Give the current snapshot a second name to unlink later; clear leftovers of crashes."""
-    for stale in snapshot.parent.glob(f".{snapshot.name}.*.retired"):
-        stale.unlink(missing_ok=True)
+    """Give the current snapshot a second name to unlink later."""
     if not snapshot.exists():
         return None
     retired = snapshot.with_name(f".{snapshot.name}.{os.getpid()}.retired")
     os.link(snapshot, retired)
     return retired
+
+
+def _remove_leftovers(warehouse_path: Path) -> None:
+    """Files a killed refresh left behind: an old snapshot's second name, a half-made copy
+    (as big as the warehouse). Refreshes hold the lock, so none of these is in use."""
+    folder, name = warehouse_path.parent, glob.escape(warehouse_path.name)
+    for pattern in (f".{name}.*.retired", f".{name}.writer.*.tmp"):
+        for leftover in folder.glob(pattern):
+            leftover.unlink(missing_ok=True)
 
 
 def _copy_durably(source: Path, target: Path) -> None:
@@ -585,6 +599,14 @@ def _load_source(
     loaded = connection.execute(f"SELECT count(*) FROM {changed}").fetchone()[0]
     if loaded:
         if changed == "_changed":
+            if mark_affected:
+                # A replaced version may have belonged to another message (a webhook
+                # re-normalized after a mapping fix): that message's funnel row changes too.
+                _mark_affected(
+                    connection,
+                    source,
+                    f"(SELECT r.* FROM _existing AS r SEMI JOIN _changed AS i ON {key_match})",
+                )
             # Replaced versions go by row id: no second pass over the raw table. (Nothing was
             # written since the ids were read, so no checkpoint can have moved them.)
             connection.execute(

@@ -12,7 +12,7 @@ from datetime import UTC, date, datetime, timedelta
 import duckdb
 import pytest
 from dagster import AssetCheckSeverity, AssetKey, build_sensor_context, materialize
-from sqlalchemy import Engine, insert, update
+from sqlalchemy import Engine, func, insert, select, update
 
 from email_platform import warehouse
 from email_platform.assets import analytics_assets, analytics_checks, analytics_warehouse
@@ -474,6 +474,77 @@ def test_a_refresh_stopped_before_preparing_its_next_writer_continues_from_the_s
     assert rows(path, "SELECT count(*) AS n FROM email_funnel") == [{"n": 250}]
 
 
+def _assert_equals_a_full_build(engine, path, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    fresh = tmp_path / "fresh.duckdb"
+    warehouse.refresh(engine, fresh, full=True)
+    tables = [source.raw_table for source in warehouse.SOURCES]
+    for table in (*tables, "email_funnel", "email_funnel_daily"):
+        sql = f"SELECT * FROM {table} ORDER BY ALL"
+        assert rows(path, sql) == rows(fresh, sql), table
+
+
+def test_a_refresh_that_fails_half_way_leaves_nothing_half_done(engine, tmp_path, monkeypatch):
+    """Loads and rebuild commit together: after a failed refresh the next one loads the same
+    rows again and rebuilds what they touch, instead of skipping them as already loaded."""
+    from bench.generate import generate
+
+    now = datetime.now(UTC).replace(microsecond=0)
+    path = tmp_path / "warehouse.duckdb"
+    generate(engine, messages=300, days=1, end=now - timedelta(hours=1))
+    warehouse.refresh(engine, path)
+    generate(engine, messages=50, days=0.005, end=now, seed=9, late_events_for_existing=20)
+    build = warehouse._build_models
+
+    def fail_after_the_loads(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("killed during the build")
+
+    monkeypatch.setattr(warehouse, "_build_models", fail_after_the_loads)
+    with pytest.raises(RuntimeError, match="killed during the build"):
+        warehouse.refresh(engine, path)
+    monkeypatch.setattr(warehouse, "_build_models", build)
+    retry = warehouse.refresh(engine, path)
+    assert retry.rows_loaded["email_messages"] == 50 and not retry.full_build
+    assert retry.table_rows["email_funnel"] == 350
+    _assert_equals_a_full_build(engine, path, tmp_path)
+
+
+def test_a_provider_event_moved_to_another_message_rebuilds_both_rows(engine, tmp_path):
+    """A webhook re-normalized after a mapping fix comes back as a new row (new id, new
+    received_at) linked to another message: the old message's funnel row loses it."""
+    from bench.generate import generate
+
+    now = datetime.now(UTC).replace(microsecond=0)
+    path = tmp_path / "warehouse.duckdb"
+    generate(engine, messages=200, days=1, end=now - timedelta(hours=1))
+    warehouse.refresh(engine, path)
+    aware = engine.dialect.name == "postgresql"
+    with engine.begin() as connection:
+        opened = connection.execute(
+            select(email_events).where(email_events.c.event_type == "opened").limit(1)
+        ).one()
+        other = connection.execute(
+            select(email_messages.c.message_id, email_messages.c.event_id)
+            .where(email_messages.c.message_id != opened.message_id)
+            .limit(1)
+        ).one()
+        # A new id, as re-ingestion gives (the generator wrote ids without the sequence).
+        newest = connection.execute(select(func.max(email_events.c.email_event_id))).scalar()
+        values = {**opened._mapping, "email_event_id": newest + 1}
+        connection.execute(
+            email_events.delete().where(email_events.c.email_event_id == opened.email_event_id)
+        )
+        values.update(
+            message_id=other.message_id,
+            event_id=other.event_id,
+            received_at=now if aware else now.replace(tzinfo=None),
+        )
+        connection.execute(insert(email_events).values(**values))
+    summary = warehouse.refresh(engine, path)
+    assert summary.rows_loaded["email_events"] == 1
+    assert summary.messages_rebuilt == 2  # the message it left and the one it joined
+    _assert_equals_a_full_build(engine, path, tmp_path)
+
+
 def test_question_files_run_read_only_against_the_snapshot(loaded):
     _, path, _ = loaded
     names = warehouse.question_names()
@@ -665,6 +736,21 @@ def test_sensor_requests_a_refresh_only_when_something_changed(engine, database_
     reconcile, cursor = tick(json.dumps(state))
     assert reconcile.tags[FULL_TAG] == "true"
     assert json.loads(cursor)["full_at"] > state["full_at"]
+    # That run failed: with nothing new, the next tick asks for the full rebuild again.
+    from dagster import DagsterRun, DagsterRunStatus
+
+    instance.add_run(
+        DagsterRun(
+            job_name="__ASSET_JOB",
+            run_id="f" * 36,
+            tags=reconcile.tags,
+            status=DagsterRunStatus.FAILURE,
+        )
+    )
+    retried, cursor = tick(cursor)
+    assert retried.tags[FULL_TAG] == "true"
+    # Not in a tight loop: a failing refresh is retried once per refresh interval.
+    assert "next refresh may start in" in tick(cursor, interval_s=3600)[0].skip_message
 
 
 def test_refresh_interval_comes_from_the_environment_and_is_validated(monkeypatch):
@@ -673,7 +759,7 @@ def test_refresh_interval_comes_from_the_environment_and_is_validated(monkeypatc
     monkeypatch.setenv("EMAIL_PLATFORM_ANALYTICS_REFRESH_S", "15")
     assert Warehouse().resolved_refresh_interval_s() == 15
     assert Warehouse(refresh_interval_s=5).resolved_refresh_interval_s() == 5
-    for bad in ("0", "-3", "soon"):
+    for bad in ("0", "-3", "soon", "inf", "nan"):
         monkeypatch.setenv("EMAIL_PLATFORM_ANALYTICS_REFRESH_S", bad)
         with pytest.raises(ValueError, match="ANALYTICS_REFRESH_S must be a positive number"):
             Warehouse().resolved_refresh_interval_s()

@@ -379,7 +379,8 @@ analytics_selection = AssetSelection.assets(analytics_warehouse)
         "attempts, webhooks or dead-letter changes: at most once per the warehouse resource's "
         "refresh_interval_s (EMAIL_PLATFORM_ANALYTICS_REFRESH_S, default 60 s) while data keeps "
         f"coming, and at least every {HEARTBEAT_S // 60} minutes; once a day it rebuilds from "
-        "scratch to catch rows committed after the incremental look-back. One at a time."
+        "scratch to catch rows committed after the incremental look-back. A failed refresh is "
+        "retried after the interval. One at a time."
     ),
 )
 def analytics_refresh_sensor(
@@ -390,7 +391,11 @@ def analytics_refresh_sensor(
     now = time.time()
     since_last = now - cursor.get("requested_at", 0)
     due = since_last >= HEARTBEAT_S
-    if fingerprint == cursor.get("fingerprint") and not due:
+    latest = context.instance.get_runs(filters=RunsFilter(tags=RUN_TAGS), limit=1)
+    # A refresh that failed loaded nothing (it commits all or nothing): try again, and if it
+    # was the daily full rebuild, that again, rather than wait for new data or the next day.
+    failed = bool(latest) and latest[0].status == DagsterRunStatus.FAILURE
+    if fingerprint == cursor.get("fingerprint") and not due and not failed:
         return SkipReason("Nothing new in the operational tables since the last refresh.")
     interval = warehouse.resolved_refresh_interval_s()
     if since_last < interval:
@@ -404,7 +409,9 @@ def analytics_refresh_sensor(
     if running:
         return SkipReason(f"Refresh run {running[0].run_id} is still in flight.")
     # The first refresh builds from scratch anyway; count the reconcile period from it.
-    full = now - cursor.get("full_at", now) >= RECONCILE_S
+    full = now - cursor.get("full_at", now) >= RECONCILE_S or (
+        failed and latest[0].tags.get(FULL_TAG) == "true"
+    )
     context.update_cursor(
         json.dumps(
             {

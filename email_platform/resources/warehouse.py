@@ -1,3 +1,5 @@
+import math
+
 from dagster import ConfigurableResource
 
 from email_platform import config, warehouse
@@ -30,7 +32,7 @@ class Warehouse(ConfigurableResource):
     def resolved_refresh_interval_s(self) -> float:
         if self.refresh_interval_s is None:
             return config.analytics_refresh_s()
-        if not self.refresh_interval_s > 0:
+        if not (self.refresh_interval_s > 0 and math.isfinite(self.refresh_interval_s)):
             raise ValueError(f"refresh_interval_s must be positive, got {self.refresh_interval_s}")
         return self.refresh_interval_s
 
