@@ -1,5 +1,8 @@
 -- stg_events: one row per application event in the outbox (what product code published).
 -- Grain: event_id. Timestamps are UTC. No payloads or addresses are loaded into the warehouse.
+-- status is as of the event's publish or finish: a claim or a requeue in between moves no
+-- change marker, so until the event finishes again (or the daily full rebuild) it can show
+-- its previous status. The funnel does not read it.
 SELECT
     event_id,
     event_type,

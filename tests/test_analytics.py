@@ -545,6 +545,29 @@ def test_a_provider_event_moved_to_another_message_rebuilds_both_rows(engine, tm
     _assert_equals_a_full_build(engine, path, tmp_path)
 
 
+def test_a_warehouse_from_the_first_state_table_keeps_its_high_water_marks(engine, tmp_path):
+    from bench.generate import generate
+
+    now = datetime.now(UTC).replace(microsecond=0)
+    path = tmp_path / "warehouse.duckdb"
+    generate(engine, messages=100, days=1, end=now - timedelta(hours=1))
+    warehouse.refresh(engine, path)
+    # The first layout: the same rows under the old name, with a primary key.
+    writer = duckdb.connect(str(warehouse.writer_path(path)))
+    writer.execute(
+        "CREATE TABLE warehouse_load_state (name VARCHAR PRIMARY KEY, high_water_mark "
+        "TIMESTAMP, value VARCHAR, rows_loaded BIGINT, loaded_at TIMESTAMP)"
+    )
+    writer.execute("INSERT INTO warehouse_load_state SELECT * FROM warehouse_state")
+    writer.execute("DROP TABLE warehouse_state")
+    writer.close()
+    generate(engine, messages=20, days=0.005, end=now, seed=4)
+    summary = warehouse.refresh(engine, path)
+    assert not summary.full_build and summary.rows_loaded["email_messages"] == 20
+    tables = {r["name"] for r in rows(path, "SHOW TABLES")}
+    assert "warehouse_state" in tables and "warehouse_load_state" not in tables
+
+
 def test_question_files_run_read_only_against_the_snapshot(loaded):
     _, path, _ = loaded
     names = warehouse.question_names()
