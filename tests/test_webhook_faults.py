@@ -113,9 +113,22 @@ def test_receiver_killed_while_the_provider_posts_loses_and_doubles_nothing(engi
     assert _count(engine, email_events) == planned  # every event applied, once
 
 
-def _ingest_in_child(database_url: str, inbox_ids: list[int]) -> None:
+def _ingest_in_child(database_url: str, inbox_ids: list[int], die_at: int) -> None:
+    """Ingest, and SIGKILL this process inside the transaction of the ``die_at``-th inbox row
+    (its finish written, not committed): a crash at a known point instead of a race."""
     from email_platform.db.engine import make_engine
+    from email_platform.store import inbox as inbox_store
 
+    finish, finished = inbox_store.finish, 0
+
+    def finish_then_die(*args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal finished
+        finish(*args, **kwargs)
+        finished += 1
+        if finished == die_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    inbox_store.finish = finish_then_die
     WebhookIngestor(make_engine(database_url)).run(inbox_ids, run_id="doomed-run", lease_s=600)
 
 
@@ -136,10 +149,13 @@ def test_ingestion_worker_killed_mid_batch_resumes_without_doubles(engine, datab
                 now=now,
             )
         ids = [r.inbox_id for r in connection.execute(select(webhook_inbox.c.inbox_id))]
+    die_at = 700
     child = multiprocessing.get_context("spawn").Process(
-        target=_ingest_in_child, args=(database_url, ids)
+        target=_ingest_in_child, args=(database_url, ids, die_at)
     )
     child.start()
+    child.join(120)
+    assert child.exitcode == -signal.SIGKILL
 
     def processed() -> int:
         with engine.connect() as connection:
@@ -149,11 +165,8 @@ def test_ingestion_worker_killed_mid_batch_resumes_without_doubles(engine, datab
                 .where(webhook_inbox.c.status == "processed")
             ).scalar_one()
 
-    assert _wait(lambda: processed() >= 20, 60, interval_s=0.002)
-    os.kill(child.pid, signal.SIGKILL)
-    child.join()
     done_before = processed()
-    assert 0 < done_before < total  # killed mid-batch
+    assert done_before == die_at - 1  # the row it died in rolled back with its events
     # The run-failure sensor (or the lease) gives the rest back; a new run finishes the job.
     with engine.begin() as connection:
         assert inbox.release_run(connection, "doomed-run") == total - done_before
