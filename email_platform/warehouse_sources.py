@@ -68,7 +68,8 @@ def _libpq_quote(value: str) -> str:
     return f"'{escaped}'"
 
 
-def _sql_string(value: str) -> str:
+def sql_string(value: str) -> str:
+    """``value`` as a DuckDB string literal."""
     return "'" + value.replace("'", "''") + "'"
 
 
@@ -91,7 +92,7 @@ class AttachedSource:
     def native_query(self, sql: str) -> str:
         """A FROM item that runs ``sql`` in the source database itself, so its indexes serve
         the WHERE clause (incremental loads read a few rows out of millions)."""
-        return f"{self.query_function}({_sql_string(self.alias)}, {_sql_string(sql)})"
+        return f"{self.query_function}({sql_string(self.alias)}, {sql_string(sql)})"
 
     def timestamp_literal(self, value: datetime) -> str:
         """``value`` as the source compares its timestamp columns: SQLAlchemy stores UTC text
@@ -123,8 +124,8 @@ def attach(
         dialect = "postgresql"
     else:
         raise SourceUnavailableError(f"no DuckDB scanner for {url.get_backend_name()}")
-    connection.execute(f"LOAD {_sql_string(str(extension_file(extension, package)))}")
-    connection.execute(f"ATTACH {_sql_string(target)} AS {alias} (TYPE {kind}, READ_ONLY)")
+    connection.execute(f"LOAD {sql_string(str(extension_file(extension, package)))}")
+    connection.execute(f"ATTACH {sql_string(target)} AS {alias} (TYPE {kind}, READ_ONLY)")
     return AttachedSource(alias=alias, dialect=dialect, query_function=function)
 
 
