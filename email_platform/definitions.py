@@ -3,7 +3,7 @@
 from dagster import Definitions
 
 from email_platform.assets import analytics_assets, analytics_sensors
-from email_platform.jobs import ingest_webhooks_job, send_email_job
+from email_platform.jobs import ingest_webhooks_job, lane_worker_job, send_email_job
 from email_platform.resources import (
     AppDatabase,
     EmailProviderResource,
@@ -26,7 +26,7 @@ def build_definitions(
 ) -> Definitions:
     """Definitions with the given resources; defaults read ``EMAIL_PLATFORM_*`` at run time."""
     return Definitions(
-        jobs=[send_email_job, ingest_webhooks_job],
+        jobs=[send_email_job, lane_worker_job, ingest_webhooks_job],
         sensors=[
             *outbox_sensors,
             webhook_inbox_sensor,

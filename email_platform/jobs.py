@@ -3,6 +3,7 @@
 from dagster import job
 
 from email_platform.ops.ingest import ingest_webhook_batch
+from email_platform.ops.lane_worker import run_lane_worker
 from email_platform.ops.send import send_email_batch
 
 
@@ -27,3 +28,16 @@ def send_email_job() -> None:
 )
 def ingest_webhooks_job() -> None:
     ingest_webhook_batch()
+
+
+@job(
+    description=(
+        "A resident worker for one lane: claims and sends the lane's events as they come due, "
+        "until its lifetime or idle time is up. Kept running by the lane's outbox sensor; the "
+        "run's metadata says what it sent. Re-execute a failed worker run to replay its dead "
+        "letters."
+    ),
+    tags={"email/job": "lane_worker"},
+)
+def lane_worker_job() -> None:
+    run_lane_worker()

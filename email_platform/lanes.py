@@ -40,6 +40,16 @@ class LaneConfig:
     max_runs_per_tick: int
     #: ``dagster/priority`` of the lane's runs: the run queue dequeues higher first.
     run_priority: int
+    #: Resident lane-worker runs kept alive while the lane has work (0: one launched run per
+    #: batch). A worker claims batches itself as they come due, so an event waits for neither
+    #: the sensor loop (~5 s) nor a run's process start (seconds under load).
+    workers: int = 1
+    #: How often an idle worker looks at the outbox.
+    worker_poll_s: float = 0.5
+    #: A worker stops claiming after this long; the sensor has started its successor by then.
+    worker_lifetime_s: int = 900
+    #: A worker that found nothing to do for this long ends (the sensor starts one on new work).
+    worker_idle_s: int = 120
 
 
 DEFAULT_LANE_CONFIGS: dict[Lane, LaneConfig] = {
@@ -55,6 +65,8 @@ DEFAULT_LANE_CONFIGS: dict[Lane, LaneConfig] = {
         request_timeout_s=180,
         max_runs_per_tick=4,
         run_priority=10,
+        worker_poll_s=0.2,
+        worker_idle_s=600,
     ),
     Lane.TRANSACTIONAL: LaneConfig(
         lane=Lane.TRANSACTIONAL,
@@ -81,6 +93,8 @@ DEFAULT_LANE_CONFIGS: dict[Lane, LaneConfig] = {
         request_timeout_s=900,
         max_runs_per_tick=2,
         run_priority=0,
+        worker_poll_s=1.0,
+        worker_idle_s=60,
     ),
 }
 

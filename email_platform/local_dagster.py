@@ -134,11 +134,33 @@ class DaemonProcess:
 
         return wait_for(settled, timeout_s, interval_s=0.5)
 
+    def end_lane_workers(self) -> int:
+        """Ask every unfinished lane-worker run to end; returns how many were asked.
+
+        Workers otherwise stay until their idle time is up. A terminated worker gives back what
+        it holds (idempotency keys kept), so nothing waits for a lease to expire.
+        """
+        from dagster import DagsterInstance, RunsFilter
+
+        from email_platform.sensors.outbox import UNFINISHED_RUN_STATUSES
+
+        with DagsterInstance.from_config(str(self.home)) as instance:
+            run_ids = instance.get_run_ids(
+                RunsFilter(job_name="lane_worker_job", statuses=UNFINISHED_RUN_STATUSES)
+            )
+            for run_id in run_ids:
+                instance.run_coordinator.cancel_run(run_id)
+        return len(run_ids)
+
     def stop(self, timeout_s: float = 30.0, drain_s: float = 0.0) -> None:
-        """Stop the daemon, first giving in-flight runs up to ``drain_s`` seconds to finish."""
+        """Stop the daemon, first giving in-flight runs up to ``drain_s`` seconds to finish.
+
+        Lane workers are asked to end first: they would otherwise wait out their idle time.
+        """
         if self.process is None:
             return
         if drain_s > 0 and self.alive():
+            self.end_lane_workers()
             self.wait_for_runs_to_finish(drain_s)
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)

@@ -18,6 +18,9 @@ FAST_LANES = {
     for lane in ("critical", "transactional", "bulk")
 }
 
+# The lanes as one launched run per batch (no resident workers): for tests of that mode.
+BATCH_LANES_JSON = json.dumps({lane: {"workers": 0} for lane in FAST_LANES})
+
 product = MetaData()
 users = Table(
     "users",

@@ -17,6 +17,7 @@ def test_every_job_and_sensor_resolves_with_a_description():
     assert sorted(job.name for job in repository.get_all_jobs()) == [
         "__ASSET_JOB",  # Dagster's implicit job for the analytics assets
         "ingest_webhooks_job",
+        "lane_worker_job",
         "send_email_job",
     ]
     sensors = {sensor.name: sensor for sensor in repository.sensor_defs}
@@ -34,13 +35,16 @@ def test_every_job_and_sensor_resolves_with_a_description():
     op = repository.get_job("send_email_job").graph.node_defs[0]
     assert op.name == "send_email_batch" and "idempotency key" in op.description
     assert op.retry_policy is not None and op.retry_policy.max_retries >= 1
+    worker = repository.get_job("lane_worker_job").graph.node_defs[0]
+    assert worker.name == "run_lane_worker" and "idempotency keys" in worker.description
+    assert worker.retry_policy is not None
 
 
-def test_lane_sensors_target_the_send_job_and_start_running():
+def test_lane_sensors_target_the_send_and_worker_jobs_and_start_running():
     repository = defs.get_repository_def()
     for name in ("critical_outbox_sensor", "transactional_outbox_sensor", "bulk_outbox_sensor"):
         sensor = repository.get_sensor_def(name)
-        assert sensor.job_name == "send_email_job"
+        assert {t.job_name for t in sensor.targets} == {"send_email_job", "lane_worker_job"}
         assert sensor.default_status.value == "RUNNING"
     # The critical lane ticks at least as often as the others.
     intervals = {s.name: s.minimum_interval_seconds for s in repository.sensor_defs}

@@ -14,7 +14,7 @@ from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 from sqlalchemy import insert, select
 
 from email_platform import publish
-from email_platform.db.schema import email_messages, email_outbox
+from email_platform.db.schema import dead_letters, email_messages, email_outbox
 from email_platform.local_dagster import DaemonProcess, prepare_home, wait_for
 from tests.support import product, sandbox_messages, sandbox_stats, users
 
@@ -132,22 +132,34 @@ def test_daemon_drains_every_lane_and_bulk_can_be_paused(engine, database_url, s
     assert sandbox_stats(sandbox.base_url)["accepted"] == 56
 
     with DagsterInstance.from_config(str(home)) as instance:
-        runs = instance.get_runs(RunsFilter(job_name="send_email_job"))
+        # Each lane was served by its resident worker runs, none by a launched batch run.
+        assert instance.get_runs(RunsFilter(job_name="send_email_job")) == []
+        runs = instance.get_runs(RunsFilter(job_name="lane_worker_job"))
         by_lane = Counter(run.tags["email/lane"] for run in runs)
         assert set(by_lane) == {"critical", "transactional", "bulk"}
         for run in runs:
-            assert run.status in (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE)
+            # Ended on their own, or were asked to end when the daemon stopped: none left behind.
+            assert run.status in (
+                DagsterRunStatus.SUCCESS,
+                DagsterRunStatus.FAILURE,
+                DagsterRunStatus.CANCELED,
+            )
             assert "@" not in repr(run.tags) and "@" not in repr(run.run_config)  # no PII
             assert (
                 run.tags["dagster/priority"]
                 == {"critical": "10", "transactional": "5", "bulk": "0"}[run.tags["email/lane"]]
             )
-            batch = run.run_config["ops"]["send_email_batch"]["config"]["event_ids"]
-            assert run.tags["email/first_event_id"] == batch[0]
-            assert run.tags["email/batch_size"] == str(len(batch))
-        failed = [r for r in runs if r.status == DagsterRunStatus.FAILURE]
-        # Only the batches that hold a rejected address failed, and said why.
-        assert failed and all(r.tags["email/lane"] != "bulk" for r in failed)
+            assert run.run_config["ops"]["run_lane_worker"]["config"] == {
+                "lane": run.tags["email/lane"]
+            }
+        lane_of_run = {run.run_id: run.tags["email/lane"] for run in runs}
+    # The rejected addresses' dead letters name the worker run that recorded them.
+    with engine.connect() as connection:
+        letters = connection.execute(
+            select(dead_letters.c.run_id).where(dead_letters.c.event_id.in_(every_id))
+        ).all()
+    assert len(letters) == 4
+    assert {lane_of_run[letter.run_id] for letter in letters} <= {"critical", "transactional"}
 
 
 def test_webhooks_close_the_loop_through_the_daemon(engine, database_url, tmp_path):

@@ -18,6 +18,7 @@ from email_platform.resources import RoutingResource
 from email_platform.store import outbox, suppressions
 from email_platform.timeutil import utcnow
 from tests.support import (
+    BATCH_LANES_JSON,
     attempts_of,
     dead_letters_of,
     event,
@@ -59,7 +60,10 @@ def test_event_committed_out_of_ulid_order_is_still_sent(engine, database_url, s
     from email_platform.sensors.outbox import make_outbox_sensor
 
     sensor = make_outbox_sensor(Lane.TRANSACTIONAL)
-    resources = {"app_database": AppDatabase(url=database_url), "lane_policy": LanePolicy()}
+    resources = {
+        "app_database": AppDatabase(url=database_url),
+        "lane_policy": LanePolicy(overrides_json=BATCH_LANES_JSON),
+    }
     late = signup(engine, "late-1")
     with build_sensor_context(resources=resources) as context:
         first = sensor(context).run_requests
@@ -116,7 +120,10 @@ def test_claim_of_a_dead_run_is_recovered_after_its_lease(engine, database_url, 
 
     event_id = signup(engine, "u1")
     sensor = make_outbox_sensor(Lane.TRANSACTIONAL)
-    resources = {"app_database": AppDatabase(url=database_url), "lane_policy": LanePolicy()}
+    resources = {
+        "app_database": AppDatabase(url=database_url),
+        "lane_policy": LanePolicy(overrides_json=BATCH_LANES_JSON),
+    }
     with build_sensor_context(resources=resources) as context:
         (request,) = sensor(context).run_requests
     assert request.run_key == event_id

@@ -11,8 +11,10 @@ from dagster import (
     RetryRequested,
     op,
 )
+from sqlalchemy import Engine
 
 from email_platform.lanes import LaneConfig
+from email_platform.providers.base import EmailProvider
 from email_platform.resources import AppDatabase, EmailProviderResource, LanePolicy, RoutingResource
 from email_platform.sending import BatchSender
 from email_platform.store import dead_letters
@@ -67,25 +69,35 @@ def send_email_batch(
     messages are sent again, with their original idempotency key. Permanent failures and
     exhausted retries become dead letters and fail the run, so an operator can re-execute it.
     """
-    lane = lane_policy.config_for(config.lane)
+    return send_batch(
+        context,
+        lane=lane_policy.config_for(config.lane),
+        event_ids=config.event_ids,
+        app_database=app_database,
+        email_provider=email_provider,
+        routing=routing,
+    )
+
+
+def send_batch(
+    context: OpExecutionContext,
+    *,
+    lane: LaneConfig,
+    event_ids: list[str],
+    app_database: AppDatabase,
+    email_provider: EmailProviderResource,
+    routing: RoutingResource,
+) -> dict:
+    """One attempt of a batch: send, then retry (RetryRequested) or fail on dead letters."""
     engine = app_database.get_engine()
     run = context.run
     is_reexecution = run.parent_run_id is not None
     previous_owners = [r for r in (run.parent_run_id, run.root_run_id) if r]
     provider = email_provider.open(concurrency=lane.concurrency)
-    sender = BatchSender(
-        engine=engine,
-        provider=provider,
-        renderer=routing.renderer(),
-        routes=routing.route_table(),
-        resolver=routing.resolver(engine),
-        lane=lane,
-        sender_address=email_provider.settings().sender,
-        log=context.log,
-    )
+    sender = make_sender(context, lane, engine, provider, email_provider, routing)
     try:
         outcome = sender.run(
-            config.event_ids,
+            event_ids,
             run_id=context.run_id,
             previous_owners=previous_owners,
             replay=is_reexecution,
@@ -94,8 +106,8 @@ def send_email_batch(
         provider.close()
 
     context.log.info(
-        f"lane={lane.lane} attempt={context.retry_number} first_event_id={config.event_ids[0]} "
-        f"last_event_id={config.event_ids[-1]} "
+        f"lane={lane.lane} attempt={context.retry_number} first_event_id={event_ids[0]} "
+        f"last_event_id={event_ids[-1]} "
         + " ".join(f"{k}={v}" for k, v in outcome.as_metadata().items())
     )
     if outcome.transient:
@@ -109,14 +121,41 @@ def send_email_batch(
         exhausted = sender.give_up(outcome.transient, run_id=context.run_id)
         context.log.error(f"retries exhausted: {exhausted} message(s) dead-lettered")
 
+    return finish_with_dead_letters(context, engine, outcome.as_metadata())
+
+
+def make_sender(
+    context: OpExecutionContext,
+    lane: LaneConfig,
+    engine: Engine,
+    provider: EmailProvider,
+    email_provider: EmailProviderResource,
+    routing: RoutingResource,
+) -> BatchSender:
+    return BatchSender(
+        engine=engine,
+        provider=provider,
+        renderer=routing.renderer(),
+        routes=routing.route_table(),
+        resolver=routing.resolver(engine),
+        lane=lane,
+        sender_address=email_provider.settings().sender,
+        log=context.log,
+    )
+
+
+def finish_with_dead_letters(
+    context: OpExecutionContext, engine: Engine, counts: dict[str, int]
+) -> dict:
+    """Attach the counts to the step; fail the run (no retry) if it left open dead letters."""
     with engine.connect() as connection:
         open_letters = dead_letters.list_letters(connection, run_id=context.run_id)
-    summary = {**outcome.as_metadata(), "open_dead_letters": len(open_letters)}
+    summary = {**counts, "open_dead_letters": len(open_letters)}
     context.add_output_metadata({k: MetadataValue.int(v) for k, v in summary.items()})
     if open_letters:
         raise Failure(
             description=(
-                f"{len(open_letters)} message(s) of this batch are in dead_letters "
+                f"{len(open_letters)} message(s) of this run are in dead_letters "
                 f"({', '.join(sorted({d.reason for d in open_letters}))}). Fix the cause, then "
                 "re-execute this run from failure or use `email-platform dlq replay`."
             ),

@@ -1,10 +1,14 @@
 """One outbox sensor per lane: turn pending events into batched, keyed run requests."""
 
+import time
 from collections.abc import Sequence
 
 from dagster import (
+    DagsterInstance,
+    DagsterRunStatus,
     DefaultSensorStatus,
     RunRequest,
+    RunsFilter,
     SensorDefinition,
     SensorEvaluationContext,
     SensorResult,
@@ -13,8 +17,9 @@ from dagster import (
 )
 from sqlalchemy import Row
 
-from email_platform.jobs import send_email_job
-from email_platform.lanes import DEFAULT_LANE_CONFIGS, LANES, Lane
+from email_platform.ids import new_ulid
+from email_platform.jobs import lane_worker_job, send_email_job
+from email_platform.lanes import DEFAULT_LANE_CONFIGS, LANES, Lane, LaneConfig
 from email_platform.resources import AppDatabase, LanePolicy
 from email_platform.store import outbox
 from email_platform.timeutil import utcnow
@@ -48,6 +53,7 @@ def plan_run_requests(
         requests.append(
             RunRequest(
                 run_key=run_key,
+                job_name=send_email_job.name,
                 run_config={
                     "ops": {"send_email_batch": {"config": {"lane": lane, "event_ids": event_ids}}}
                 },
@@ -64,24 +70,88 @@ def plan_run_requests(
     return requests
 
 
+#: Worker runs that have not finished (a queued one counts: it will start).
+UNFINISHED_RUN_STATUSES = [
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+]
+#: Most of a worker's lifetime after which the sensor starts its successor, so the lane is
+#: never without one while the old worker finishes.
+HANDOVER_S = 60.0
+
+
+def live_workers(instance: DagsterInstance, lane: LaneConfig, now_ts: float) -> int:
+    """Worker runs of ``lane`` that are queued, starting, or running and not about to end."""
+    records = instance.get_run_records(
+        RunsFilter(
+            job_name=lane_worker_job.name,
+            tags={"email/lane": lane.lane.value},
+            statuses=UNFINISHED_RUN_STATUSES,
+        )
+    )
+    handover_s = min(HANDOVER_S, lane.worker_lifetime_s / 4)
+    live = 0
+    for record in records:
+        started = record.start_time or record.create_timestamp.timestamp()
+        if started + lane.worker_lifetime_s - handover_s > now_ts:
+            live += 1
+    return live
+
+
+def worker_run_request(lane: LaneConfig) -> RunRequest:
+    return RunRequest(
+        # Unique per request: a worker is not tied to events, and the claim is the gate.
+        run_key=f"{lane.lane.value}:worker:{new_ulid()}",
+        job_name=lane_worker_job.name,
+        run_config={"ops": {"run_lane_worker": {"config": {"lane": lane.lane.value}}}},
+        tags={
+            "email/lane": lane.lane.value,
+            "email/worker": "lane",
+            "dagster/priority": str(lane.run_priority),
+        },
+    )
+
+
+def keep_workers(
+    context: SensorEvaluationContext, app_database: AppDatabase, lane: LaneConfig
+) -> SensorResult | SkipReason:
+    """Worker mode: start a worker run when the lane has due events and too few workers."""
+    name = lane.lane.value
+    missing = lane.workers - live_workers(context.instance, lane, time.time())
+    if missing <= 0:
+        return SkipReason(f"{lane.workers} {name} worker run(s) running.")
+    with app_database.get_engine().connect() as connection:
+        due = outbox.find_due(connection, name, utcnow(), 1)
+    if not due:
+        return SkipReason(f"No due {name} events in the outbox.")
+    context.log.info(f"starting {missing} {name} worker run(s)")
+    return SensorResult(run_requests=[worker_run_request(lane) for _ in range(missing)])
+
+
 def make_outbox_sensor(lane: Lane) -> SensorDefinition:
     defaults = DEFAULT_LANE_CONFIGS[lane]
 
     @sensor(
         name=f"{lane.value}_outbox_sensor",
-        job=send_email_job,
+        jobs=[send_email_job, lane_worker_job],
         minimum_interval_seconds=defaults.interval_s,
         default_status=DefaultSensorStatus.RUNNING,
         description=(
-            f"Polls the outbox for due {lane.value} events and requests send runs in batches "
-            f"of up to {defaults.batch_size}. Stop this sensor to pause {lane.value} mail; "
-            "the other lanes keep going. Events stay pending, nothing is lost."
+            f"Keeps {lane.value} mail moving: with lane workers (the default) it starts a "
+            f"resident worker run when due {lane.value} events wait and none is running; with "
+            f"workers=0 it requests send runs in batches of up to {defaults.batch_size}. Stop "
+            f"this sensor to pause {lane.value} mail (its workers end within seconds); the "
+            "other lanes keep going. Events stay pending, nothing is lost."
         ),
     )
     def _outbox_sensor(
         context: SensorEvaluationContext, app_database: AppDatabase, lane_policy: LanePolicy
     ) -> SensorResult | SkipReason:
         config = lane_policy.config_for(lane.value)
+        if config.workers > 0:
+            return keep_workers(context, app_database, config)
         now = utcnow()
         limit = config.batch_size * config.max_runs_per_tick
         with app_database.get_engine().begin() as connection:

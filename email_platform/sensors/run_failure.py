@@ -4,7 +4,7 @@ from dagster import DefaultSensorStatus, RunFailureSensorContext, run_failure_se
 from sqlalchemy import update
 
 from email_platform.db.schema import email_outbox
-from email_platform.jobs import ingest_webhooks_job, send_email_job
+from email_platform.jobs import ingest_webhooks_job, lane_worker_job, send_email_job
 from email_platform.resources import AppDatabase
 from email_platform.store import inbox, outbox
 
@@ -15,7 +15,7 @@ MAX_FAST_REREQUESTS = 5
 
 @run_failure_sensor(
     name="email_run_failure_sensor",
-    monitored_jobs=[send_email_job, ingest_webhooks_job],
+    monitored_jobs=[send_email_job, lane_worker_job, ingest_webhooks_job],
     default_status=DefaultSensorStatus.RUNNING,
     description=(
         "When a send or ingestion run fails outside its own error handling (worker killed, out "

@@ -104,6 +104,17 @@ def open_message_ids(connection: Connection, event_ids: Sequence[str]) -> list[i
     return sorted({row.message_id for row in rows})
 
 
+def open_event_ids_of_runs(connection: Connection, run_ids: Sequence[str]) -> list[str]:
+    """Events with an open dead letter recorded by one of ``run_ids``, in id order."""
+    rows = connection.execute(
+        select(dead_letters.c.event_id)
+        .where(dead_letters.c.run_id.in_(list(run_ids)), dead_letters.c.status == OPEN)
+        .distinct()
+        .order_by(dead_letters.c.event_id)
+    )
+    return list(rows.scalars())
+
+
 def discard(connection: Connection, ids: Sequence[int], now: datetime) -> int:
     return connection.execute(
         update(dead_letters)

@@ -51,6 +51,40 @@ def find_requestable(
     return connection.execute(query).all()
 
 
+def find_due(connection: Connection, lane: str, now: datetime, limit: int) -> list[str]:
+    """Event ids a lane worker may claim now, oldest first: due, or held past their lease.
+
+    Unlike the sensor's view this ignores ``requested_at``: the claim, not the request, is the
+    gate, so a worker may take an event a sensor requested while the lane ran batch runs.
+    """
+    # Two queries, not one OR: each walks the (lane, status, available_at) index in order and
+    # stops at the limit instead of sorting the whole backlog on every poll.
+    expired = (
+        select(outbox.c.event_id)
+        .where(
+            outbox.c.lane == lane,
+            outbox.c.status == IN_FLIGHT,
+            outbox.c.lease_expires_at < now,
+        )
+        .order_by(outbox.c.available_at, outbox.c.event_id)
+        .limit(limit)
+    )
+    event_ids = list(connection.execute(expired).scalars())
+    if len(event_ids) < limit:
+        pending = (
+            select(outbox.c.event_id)
+            .where(
+                outbox.c.lane == lane,
+                outbox.c.status == PENDING,
+                outbox.c.available_at <= now,
+            )
+            .order_by(outbox.c.available_at, outbox.c.event_id)
+            .limit(limit - len(event_ids))
+        )
+        event_ids.extend(connection.execute(pending).scalars())
+    return event_ids
+
+
 def mark_requested(connection: Connection, event_ids: Sequence[str], now: datetime) -> None:
     for chunk in _chunks(event_ids, 500):
         connection.execute(

@@ -1,0 +1,176 @@
+"""A resident lane worker: one run that keeps claiming its lane's due events as they arrive.
+
+A launched run per batch waits for the sensor daemon's loop (~5 s) and pays a process start
+(1.3-1.7 CPU-s, several seconds of wall time under load) before its first send. A worker run
+pays that once per lifetime and then polls the outbox every ``worker_poll_s``: critical mail is
+claimed within a poll of being published, and a bulk backlog drains without gaps between runs.
+
+The gates stay the same as for batch runs: ``BatchSender.run`` claims atomically (so any number
+of workers and batch runs can overlap), records every outcome as it goes, and idempotency keys
+are committed before the provider call. Transient failures are retried by the worker itself
+with the lane's backoff (exponential, full jitter, Retry-After honoured), holding the claim,
+while it goes on with other events; exhausted retries become dead letters.
+"""
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Engine
+
+from email_platform.lanes import LaneConfig
+from email_platform.ops.send import retry_wait_s
+from email_platform.sending import BatchOutcome, BatchSender
+from email_platform.store import outbox
+from email_platform.timeutil import utcnow
+
+#: How often the worker logs what it did since the last line (a run's progress in the UI).
+PROGRESS_EVERY_S = 30.0
+
+
+@dataclass
+class _Retry:
+    """Events held by this worker whose messages failed transiently, and when to try again."""
+
+    due: float
+    event_ids: list[str]
+    #: Retries already made for these events (0 after the first failure).
+    number: int
+
+
+@dataclass
+class WorkerResult:
+    #: Totals over the worker's life, keyed like ``BatchOutcome.as_metadata``.
+    totals: Counter = field(default_factory=Counter)
+    batches: int = 0
+    #: Why the worker ended: lifetime, idle, paused.
+    reason: str = ""
+    #: Events given back to the outbox at the end (they were waiting for a retry).
+    released: int = 0
+
+
+class LaneWorker:
+    def __init__(
+        self,
+        *,
+        sender: BatchSender,
+        engine: Engine,
+        lane: LaneConfig,
+        run_id: str,
+        should_pause: Callable[[], bool] = lambda: False,
+        log: logging.Logger | Any | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.sender = sender
+        self.engine = engine
+        self.lane = lane
+        self.run_id = run_id
+        self.should_pause = should_pause
+        self.log = log or logging.getLogger(__name__)
+        self.clock = clock
+        self.sleep = sleep
+        self._retries: list[_Retry] = []
+        self.result = WorkerResult()
+
+    def run(self) -> WorkerResult:
+        try:
+            self._loop()
+        finally:
+            # Also on an interrupt (the run was terminated) or an error: what this run still
+            # holds goes back to the outbox now instead of waiting for its lease to expire.
+            self._release_held()
+        return self.result
+
+    def _loop(self) -> None:
+        started = self.clock()
+        idle_since = started
+        last_progress = started
+        progress_mark: Counter = Counter()
+        while True:
+            now = self.clock()
+            if now - started >= self.lane.worker_lifetime_s:
+                self.result.reason = "lifetime"
+            elif not self._retries and now - idle_since >= self.lane.worker_idle_s:
+                self.result.reason = "idle"
+            elif self.should_pause():
+                self.result.reason = "paused"
+            if self.result.reason:
+                return
+            if now - last_progress >= PROGRESS_EVERY_S:
+                self._log_progress(progress_mark, now - last_progress)
+                progress_mark = Counter(self.result.totals)
+                last_progress = now
+            retry = self._due_retry(now)
+            if retry is not None:
+                self._send(retry.event_ids, retry.number + 1)
+                continue
+            with self.engine.connect() as connection:
+                event_ids = outbox.find_due(
+                    connection, self.lane.lane.value, utcnow(), self.lane.batch_size
+                )
+            if event_ids:
+                self._send(event_ids, 0)
+                idle_since = self.clock()
+            else:
+                self.sleep(self._idle_wait(now))
+
+    def _send(self, event_ids: list[str], retry_number: int) -> None:
+        outcome = self.sender.run(event_ids, run_id=self.run_id)
+        self.result.batches += 1
+        self.result.totals.update(outcome.as_metadata())
+        if outcome.transient:
+            self._after_transient(outcome, retry_number)
+
+    def _after_transient(self, outcome: BatchOutcome, retry_number: int) -> None:
+        if retry_number < self.lane.max_retries:
+            wait_s = retry_wait_s(self.lane, retry_number, outcome.retry_after_s)
+            self._retries.append(_Retry(self.clock() + wait_s, outcome.claimed, retry_number))
+            self.log.warning(
+                f"{len(outcome.transient)} message(s) failed transiently; retry "
+                f"{retry_number + 1}/{self.lane.max_retries} in {wait_s:.2f}s "
+                f"(first_event_id={outcome.claimed[0]})"
+            )
+        else:
+            exhausted = self.sender.give_up(outcome.transient, run_id=self.run_id)
+            self.result.totals["dead_lettered"] += exhausted
+            self.log.error(f"retries exhausted: {exhausted} message(s) dead-lettered")
+
+    def _due_retry(self, now: float) -> _Retry | None:
+        for retry in self._retries:
+            if retry.due <= now:
+                self._retries.remove(retry)
+                return retry
+        return None
+
+    def _idle_wait(self, now: float) -> float:
+        wait = self.lane.worker_poll_s
+        if self._retries:
+            wait = min(wait, max(0.0, min(r.due for r in self._retries) - now))
+        return wait
+
+    def _release_held(self) -> None:
+        """Events this run holds (waiting for a retry, or cut off) go back to the outbox.
+
+        Their messages keep their idempotency keys, so the next send cannot double them. If the
+        database is what failed, the leases expire instead and the run failure sensor retries.
+        """
+        self._retries.clear()
+        try:
+            with self.engine.begin() as connection:
+                self.result.released = len(outbox.release_run(connection, self.run_id))
+        except Exception as exc:  # never mask the error that ended the loop
+            self.log.warning(f"could not release this run's claims ({exc}); leases will expire")
+
+    def _log_progress(self, mark: Counter, elapsed_s: float) -> None:
+        sent = self.result.totals["sent"] - mark["sent"]
+        claimed = self.result.totals["claimed"] - mark["claimed"]
+        self.log.info(
+            f"lane={self.lane.lane.value} claimed={claimed} sent={sent} "
+            f"({sent / max(elapsed_s, 1e-9):.1f}/s) over {elapsed_s:.0f}s; "
+            f"total sent={self.result.totals['sent']} batches={self.result.batches} "
+            f"waiting_retries={len(self._retries)}"
+        )

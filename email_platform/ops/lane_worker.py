@@ -1,0 +1,133 @@
+"""The lane-worker op: a resident run that sends its lane's events as they come due."""
+
+import time
+from collections.abc import Callable
+
+from dagster import (
+    Backoff,
+    Config,
+    DagsterInstance,
+    Jitter,
+    MetadataValue,
+    OpExecutionContext,
+    RetryPolicy,
+    op,
+)
+
+# Dagster exports no public name for instigator state; this is where 1.13 keeps it.
+from dagster._core.scheduler.instigation import InstigatorStatus, InstigatorType
+
+from email_platform.lane_worker import LaneWorker
+from email_platform.lanes import LaneConfig
+from email_platform.ops.send import finish_with_dead_letters, make_sender, send_batch
+from email_platform.resources import AppDatabase, EmailProviderResource, LanePolicy, RoutingResource
+from email_platform.store import dead_letters
+
+#: A stopped lane sensor is noticed within this long.
+PAUSE_CHECK_EVERY_S = 2.0
+
+
+class LaneWorkerConfig(Config):
+    lane: str
+
+
+def sensor_name(lane: str) -> str:
+    return f"{lane}_outbox_sensor"
+
+
+def pause_check(instance: DagsterInstance, lane: str) -> Callable[[], bool]:
+    """True once the lane's outbox sensor is stopped: pausing a lane stops its workers too."""
+    name = sensor_name(lane)
+    state = {"checked": 0.0, "paused": False}
+
+    def paused() -> bool:
+        now = time.monotonic()
+        if now - state["checked"] >= PAUSE_CHECK_EVERY_S:
+            state["checked"] = now
+            state["paused"] = any(
+                s.instigator_name == name and s.status == InstigatorStatus.STOPPED
+                for s in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR)
+            )
+        return bool(state["paused"])
+
+    return paused
+
+
+@op(
+    # Catches what is not a provider outcome (a dropped database connection): the retry starts
+    # the loop again; what the attempt held is reclaimed by this run.
+    retry_policy=RetryPolicy(
+        max_retries=3, delay=2.0, backoff=Backoff.EXPONENTIAL, jitter=Jitter.FULL
+    ),
+    tags={"kind": "email"},
+)
+def run_lane_worker(
+    context: OpExecutionContext,
+    config: LaneWorkerConfig,
+    app_database: AppDatabase,
+    email_provider: EmailProviderResource,
+    routing: RoutingResource,
+    lane_policy: LanePolicy,
+) -> dict:
+    """Claim and send the lane's due events until the worker's lifetime or idle time is up.
+
+    Polls the outbox every ``worker_poll_s``; each claim is atomic, so workers and batch runs
+    can overlap without sending an event twice. Transient failures are retried with the lane's
+    backoff while other events go on; permanent failures and exhausted retries become dead
+    letters, and the run fails at its end so an operator can re-execute it. A re-execution
+    replays the dead letters of the run it re-executes, with their original idempotency keys.
+    Stop the lane's outbox sensor to pause the lane: its workers end within seconds.
+    """
+    lane = lane_policy.config_for(config.lane)
+    engine = app_database.get_engine()
+    run = context.run
+    if run.parent_run_id is not None:
+        return _replay_dead_letters(context, lane, app_database, email_provider, routing)
+
+    provider = email_provider.open(concurrency=lane.concurrency)
+    try:
+        worker = LaneWorker(
+            sender=make_sender(context, lane, engine, provider, email_provider, routing),
+            engine=engine,
+            lane=lane,
+            run_id=context.run_id,
+            should_pause=pause_check(context.instance, lane.lane.value),
+            log=context.log,
+        )
+        result = worker.run()
+    finally:
+        provider.close()
+    counts = dict(result.totals)
+    counts.update(batches=result.batches, released=result.released)
+    context.log.info(
+        f"lane worker ended ({result.reason}): "
+        + " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+    )
+    context.add_output_metadata({"ended": MetadataValue.text(result.reason)})
+    return finish_with_dead_letters(context, engine, counts)
+
+
+def _replay_dead_letters(
+    context: OpExecutionContext,
+    lane: LaneConfig,
+    app_database: AppDatabase,
+    email_provider: EmailProviderResource,
+    routing: RoutingResource,
+) -> dict:
+    """Re-execution of a worker run: send its open dead letters again, as a batch run would."""
+    run = context.run
+    owners = [r for r in (run.parent_run_id, run.root_run_id) if r]
+    with app_database.get_engine().connect() as connection:
+        event_ids = dead_letters.open_event_ids_of_runs(connection, owners)
+    if not event_ids:
+        context.log.info("the re-executed worker run has no open dead letters: nothing to replay")
+        return {"requested": 0}
+    context.log.info(f"replaying {len(event_ids)} event(s) with open dead letters of {owners}")
+    return send_batch(
+        context,
+        lane=lane,
+        event_ids=event_ids,
+        app_database=app_database,
+        email_provider=email_provider,
+        routing=routing,
+    )

@@ -1,0 +1,361 @@
+"""Resident lane workers, on SQLite and PostgreSQL, against the real sandbox over HTTP.
+
+A worker claims its lane's due events batch after batch: every event is sent once whatever
+else claims at the same time, transient failures are retried with backoff while other events
+go on, exhausted retries are dead letters that a re-execution replays with the original key,
+and a worker that is paused, interrupted or killed gives back what it holds.
+"""
+
+import dataclasses
+import multiprocessing
+import os
+import signal
+import threading
+import time
+
+import pytest
+from dagster import (
+    DagsterEventType,
+    DagsterInstance,
+    DagsterRunStatus,
+    EventRecordsFilter,
+    ReexecutionOptions,
+    RunsFilter,
+    SensorResult,
+    SkipReason,
+    build_run_status_sensor_context,
+    build_sensor_context,
+    execute_job,
+    reconstructable,
+)
+from sqlalchemy import Engine
+
+from email_platform.lane_worker import LaneWorker
+from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane, LaneConfig
+from email_platform.providers.sandbox import SandboxProvider
+from email_platform.providers.sandbox_server import SandboxConfig, SandboxServer
+from email_platform.recipients import SqlDirectoryResolver
+from email_platform.rendering import TemplateRenderer
+from email_platform.resources import AppDatabase, LanePolicy
+from email_platform.routes import default_routes
+from email_platform.sending import BatchSender
+from email_platform.sensors.outbox import make_outbox_sensor
+from email_platform.sensors.run_failure import email_run_failure_sensor
+from tests.support import (
+    attempts_of,
+    dead_letters_of,
+    event,
+    messages_of,
+    publish_one,
+    sandbox_messages,
+    sandbox_stats,
+    signup,
+)
+
+
+def _lane(**changes) -> LaneConfig:  # type: ignore[no-untyped-def]
+    base = dict(
+        batch_size=8,
+        worker_poll_s=0.02,
+        worker_idle_s=0.5,
+        worker_lifetime_s=60,
+        retry_delay_s=0.05,
+        max_retry_delay_s=2.0,
+        max_retries=3,
+    )
+    return dataclasses.replace(DEFAULT_LANE_CONFIGS[Lane.TRANSACTIONAL], **{**base, **changes})
+
+
+def _worker(engine: Engine, sandbox_url: str, lane: LaneConfig, run_id: str, **kwargs):  # type: ignore[no-untyped-def]
+    provider = SandboxProvider(sandbox_url, max_connections=lane.concurrency, timeout_s=5)
+    sender = BatchSender(
+        engine=engine,
+        provider=provider,
+        renderer=TemplateRenderer(),
+        routes=default_routes(),
+        resolver=SqlDirectoryResolver(engine),
+        lane=lane,
+        sender_address="Example <no-reply@example.com>",
+    )
+    return LaneWorker(sender=sender, engine=engine, lane=lane, run_id=run_id, **kwargs)
+
+
+def _digest(engine: Engine, n: int) -> str:
+    return publish_one(
+        engine,
+        event_type="digest.ready",
+        aggregate_id=f"d{n}",
+        payload={"email": f"d{n}@example.org", "first_name": "Dee", "highlights": ["a"]},
+    )
+
+
+def test_worker_drains_its_lane_batch_after_batch_and_ends_when_idle(engine, sandbox):
+    ids = [signup(engine, f"u{i}") for i in range(30)]
+    bulk = _digest(engine, 1)
+    result = _worker(engine, sandbox.base_url, _lane(), "worker-1").run()
+    assert result.reason == "idle"
+    assert result.totals["sent"] == 30 and result.batches == 4  # 8 + 8 + 8 + 6
+    keys = sorted(m["idempotency_key"] for m in sandbox_messages(sandbox.base_url))
+    assert keys == sorted(f"{i}:welcome" for i in ids)
+    assert all(event(engine, i).status == "done" for i in ids)
+    # Another lane's event is not this worker's.
+    assert event(engine, bulk).status == "pending"
+
+
+def test_events_published_while_the_worker_runs_are_sent_within_a_poll(engine, sandbox):
+    lane = _lane(worker_idle_s=3.0)
+    worker = _worker(engine, sandbox.base_url, lane, "worker-1")
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        time.sleep(0.3)
+        published = time.monotonic()
+        late = signup(engine, "late")
+        deadline = published + 5
+        while event(engine, late).status != "done" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        waited = time.monotonic() - published
+    finally:
+        thread.join()
+    assert event(engine, late).status == "done"
+    # No sensor loop, no run launch: a poll interval plus one send.
+    assert waited < 2.0, waited
+    assert worker.result.reason == "idle"
+
+
+def test_transient_failures_are_retried_with_backoff_while_other_events_go_on(engine, sandbox):
+    flaky = signup(engine, "u1", email="u1+503x1@example.com")
+    throttled = signup(engine, "u2", email="u2+429x2@example.com")
+    healthy = [signup(engine, f"h{i}") for i in range(5)]
+    result = _worker(engine, sandbox.base_url, _lane(), "worker-1").run()
+    assert result.totals["sent"] == 7
+    assert [a.outcome for a in attempts_of(engine, flaky)] == ["transient", "accepted"]
+    tries = attempts_of(engine, throttled)
+    assert [a.http_status for a in tries] == [429, 429, 200]
+    gaps = [(tries[i + 1].started_at - tries[i].finished_at).total_seconds() for i in range(2)]
+    assert all(gap >= tries[0].retry_after_s for gap in gaps), gaps  # Retry-After honoured
+    for event_id in healthy:
+        assert [a.outcome for a in attempts_of(engine, event_id)] == ["accepted"]
+    assert sandbox_stats(sandbox.base_url)["accepted"] == 7
+    assert result.released == 0
+
+
+def test_exhausted_retries_become_dead_letters(engine, sandbox):
+    doomed = signup(engine, "u1", email="u1+503x9@example.com")
+    fine = signup(engine, "u2")
+    result = _worker(engine, sandbox.base_url, _lane(max_retries=2), "worker-1").run()
+    assert [a.outcome for a in attempts_of(engine, doomed)] == ["transient"] * 3
+    (letter,) = dead_letters_of(engine, doomed)
+    assert letter.reason == "retries_exhausted" and letter.run_id == "worker-1"
+    assert event(engine, doomed).status == "dead"
+    assert event(engine, fine).status == "done"
+    assert result.totals["dead_lettered"] == 1
+
+
+def test_two_workers_on_one_lane_send_every_event_once(engine, sandbox):
+    ids = [signup(engine, f"u{i}") for i in range(60)]
+    lane = _lane(batch_size=5)
+    workers = [_worker(engine, sandbox.base_url, lane, f"worker-{n}") for n in range(2)]
+    threads = [threading.Thread(target=w.run) for w in workers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sum(w.result.totals["sent"] for w in workers) == 60
+    assert all(w.result.totals["sent"] > 0 for w in workers)  # both really took part
+    stats = sandbox_stats(sandbox.base_url)
+    assert stats["requests"] == 60 and stats["accepted"] == 60
+    assert all(len(attempts_of(engine, i)) == 1 for i in ids)
+
+
+def test_a_paused_worker_ends_and_gives_back_what_waits_for_a_retry(engine, sandbox):
+    waiting = signup(engine, "u1", email="u1+503x1@example.com")
+    sent = signup(engine, "u2")
+    lane = _lane(retry_delay_s=30.0, max_retry_delay_s=30.0)
+    pause = threading.Event()
+    worker = _worker(engine, sandbox.base_url, lane, "worker-1", should_pause=pause.is_set)
+    original = worker._after_transient
+
+    def then_pause(outcome, retry_number):  # type: ignore[no-untyped-def]
+        original(outcome, retry_number)
+        pause.set()  # the operator stops the lane's sensor while a retry waits
+
+    worker._after_transient = then_pause  # type: ignore[method-assign]
+    result = worker.run()
+    assert result.reason == "paused" and result.released == 1
+    held = event(engine, waiting)
+    assert held.status == "pending" and held.lease_expires_at is None
+    assert event(engine, sent).status == "done"
+    # The next worker sends it at once, under the key recorded before the first attempt.
+    _worker(engine, sandbox.base_url, _lane(), "worker-2").run()
+    (message,) = messages_of(engine, waiting)
+    assert message.status == "sent" and message.idempotency_key == f"{waiting}:welcome"
+    assert [a.outcome for a in attempts_of(engine, waiting)] == ["transient", "accepted"]
+
+
+def test_an_interrupted_worker_gives_back_its_claim(engine, sandbox):
+    waiting = signup(engine, "u1", email="u1+503x1@example.com")
+    lane = _lane(retry_delay_s=30.0, max_retry_delay_s=30.0)
+
+    def interrupted(_seconds: float) -> None:
+        raise KeyboardInterrupt  # what a terminated Dagster run raises in the step
+
+    worker = _worker(engine, sandbox.base_url, lane, "worker-1", sleep=interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        worker.run()
+    assert event(engine, waiting).status == "pending"
+    _worker(engine, sandbox.base_url, _lane(), "worker-2").run()
+    assert event(engine, waiting).status == "done"
+    assert sandbox_stats(sandbox.base_url)["accepted"] == 1
+
+
+# ---- the sensor keeps workers running ---------------------------------------------------------
+
+
+def _sensor_tick(instance: DagsterInstance, database_url: str, lanes_json: str | None = None):  # type: ignore[no-untyped-def]
+    sensor = make_outbox_sensor(Lane.CRITICAL)
+    resources = {
+        "app_database": AppDatabase(url=database_url),
+        "lane_policy": LanePolicy(overrides_json=lanes_json or "{}"),
+    }
+    with build_sensor_context(instance=instance, resources=resources) as context:
+        return sensor(context)
+
+
+def _reset(engine: Engine, n: int) -> str:
+    return publish_one(
+        engine,
+        event_type="user.password_reset_requested",
+        aggregate_id=f"r{n}",
+        payload={"user_id": f"r{n}", "reset_token": f"t{n}"},
+    )
+
+
+def test_sensor_starts_one_worker_when_work_waits_and_a_successor_near_its_end(
+    engine, database_url
+):
+    from email_platform.definitions import defs
+
+    with DagsterInstance.ephemeral() as instance:
+        assert isinstance(_sensor_tick(instance, database_url), SkipReason)  # nothing due
+        _reset(engine, 1)
+        result = _sensor_tick(instance, database_url)
+        assert isinstance(result, SensorResult)
+        (request,) = result.run_requests
+        assert request.job_name == "lane_worker_job"
+        assert request.tags["email/lane"] == "critical" and request.tags["email/worker"] == "lane"
+        assert request.run_config["ops"]["run_lane_worker"]["config"] == {"lane": "critical"}
+
+        job = defs.get_job_def("lane_worker_job")
+        instance.create_run_for_job(
+            job,
+            run_config=request.run_config,
+            tags=request.tags,
+            status=DagsterRunStatus.STARTED,
+        )
+        assert isinstance(_sensor_tick(instance, database_url), SkipReason)  # one is running
+        # Lifetime 2 s, handover 0.5 s: after 1.6 s the running one is about to end.
+        short = '{"critical": {"worker_lifetime_s": 2}}'
+        assert isinstance(_sensor_tick(instance, database_url, short), SkipReason)
+        time.sleep(1.6)
+        result = _sensor_tick(instance, database_url, short)
+        assert isinstance(result, SensorResult) and len(result.run_requests) == 1
+        # workers=0: the lane goes back to one launched run per batch.
+        batch = _sensor_tick(instance, database_url, '{"critical": {"workers": 0}}')
+        assert [r.job_name for r in batch.run_requests] == ["send_email_job"]
+
+
+# ---- through Dagster: the op, its failure, the re-execution, a killed worker ----------------
+
+
+def _worker_job():
+    from email_platform.definitions import build_definitions
+
+    return build_definitions().get_job_def("lane_worker_job")
+
+
+WORKER_CONFIG = {"ops": {"run_lane_worker": {"config": {"lane": "transactional"}}}}
+
+
+def test_failed_worker_run_is_reexecuted_to_replay_its_dead_letters(
+    engine, database_url, sandbox, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("EMAIL_PLATFORM_DATABASE_URL", database_url)
+    monkeypatch.setenv("EMAIL_PLATFORM_SANDBOX_BASE_URL", sandbox.base_url)
+    monkeypatch.setenv(
+        "EMAIL_PLATFORM_LANES",
+        '{"transactional": {"retry_delay_s": 0.01, "max_retries": 1, "worker_idle_s": 1,'
+        ' "worker_poll_s": 0.05}}',
+    )
+    sent_before = signup(engine, "u0")
+    flaky = signup(engine, "u1", email="u1+503x2@example.com")
+    job = reconstructable(_worker_job)
+    (tmp_path / "dagster").mkdir()
+    with DagsterInstance.local_temp(str(tmp_path / "dagster")) as instance:
+        with execute_job(job, instance=instance, run_config=WORKER_CONFIG) as failed:
+            assert not failed.success
+        (letter,) = dead_letters_of(engine, flaky)
+        assert letter.reason == "retries_exhausted" and letter.run_id == failed.run_id
+        assert event(engine, sent_before).status == "done"
+        with execute_job(
+            job,
+            instance=instance,
+            reexecution_options=ReexecutionOptions.from_failure(failed.run_id, instance),
+        ) as replayed:
+            assert replayed.success
+            assert replayed.dagster_run.parent_run_id == failed.run_id
+    (message,) = messages_of(engine, flaky)
+    assert message.status == "sent" and message.idempotency_key == f"{flaky}:welcome"
+    assert dead_letters_of(engine, flaky)[0].status == "replayed"
+    keys = [m["idempotency_key"] for m in sandbox_messages(sandbox.base_url)]
+    assert sorted(keys) == sorted([f"{sent_before}:welcome", f"{flaky}:welcome"])
+
+
+def _worker_in_child(database_url: str, sandbox_url: str, home: str) -> None:
+    os.environ["EMAIL_PLATFORM_DATABASE_URL"] = database_url
+    os.environ["EMAIL_PLATFORM_SANDBOX_BASE_URL"] = sandbox_url
+    with DagsterInstance.from_config(home) as instance:
+        # In process: the step runs in this process, so killing it kills the sender too.
+        _worker_job().execute_in_process(run_config=WORKER_CONFIG, instance=instance)
+
+
+def test_killed_worker_run_is_released_and_nothing_is_sent_twice(engine, database_url, tmp_path):
+    home = tmp_path / "dagster"
+    home.mkdir()
+    # The provider accepts each message, then stalls before answering.
+    ids = [signup(engine, f"u{i}", email=f"u{i}+accepttimeoutx1@example.com") for i in range(5)]
+    with SandboxServer(SandboxConfig(timeout_delay_s=30)) as sandbox_url:
+        child = multiprocessing.get_context("spawn").Process(
+            target=_worker_in_child, args=(database_url, sandbox_url, str(home))
+        )
+        child.start()
+        deadline = time.monotonic() + 60
+        while sandbox_stats(sandbox_url)["accepted"] < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sandbox_stats(sandbox_url)["accepted"] == 5
+        os.kill(child.pid, signal.SIGKILL)
+        child.join()
+        assert all(event(engine, i).status == "in_flight" for i in ids)
+        with DagsterInstance.from_config(str(home)) as instance:
+            (run,) = instance.get_runs(RunsFilter(job_name="lane_worker_job"))
+            instance.report_run_failed(run)  # what run monitoring does for a dead worker
+            failure = instance.get_event_records(
+                EventRecordsFilter(DagsterEventType.RUN_FAILURE), limit=1
+            )[0].event_log_entry.dagster_event
+            with build_run_status_sensor_context(
+                sensor_name="email_run_failure_sensor",
+                dagster_event=failure,
+                dagster_instance=instance,
+                dagster_run=instance.get_run_by_id(run.run_id),
+                resources={"app_database": AppDatabase(url=database_url)},
+            ) as context:
+                email_run_failure_sensor(context)
+        assert all(event(engine, i).status == "pending" for i in ids)
+        _worker(engine, sandbox_url, _lane(), "worker-2").run()
+        stats = sandbox_stats(sandbox_url)
+        keys = [m["idempotency_key"] for m in sandbox_messages(sandbox_url)]
+    assert sorted(keys) == sorted(f"{i}:welcome" for i in ids)  # five messages, not ten
+    assert stats["accepted"] == 5 and stats["repeated_keys"] == 5
+    for event_id in ids:
+        assert event(engine, event_id).status == "done"
+        assert [a.outcome for a in attempts_of(engine, event_id)] == ["accepted"]
