@@ -1,0 +1,294 @@
+"""Preparing the next refresh's writer file: the snapshot a refresh replaced is patched into the
+next writer file (only the blocks that differ are written) unless an analyst still has it open,
+in this process or another; a crash at any step of publishing leaves a warehouse the next
+refresh continues from, with nothing left behind.
+"""
+
+import hashlib
+import os
+import subprocess
+import sys
+import textwrap
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from bench.generate import generate
+from email_platform import warehouse
+
+TABLES = (*(source.raw_table for source in warehouse.SOURCES), "email_funnel", "email_funnel_daily")
+
+
+def rows(path: Path, sql: str) -> list[tuple]:
+    connection = warehouse.connect_read_only(path)
+    try:
+        return connection.execute(sql).fetchall()
+    finally:
+        connection.close()
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def assert_equals_a_full_build(url: str, path: Path, tmp_path: Path) -> None:
+    fresh = tmp_path / "fresh.duckdb"
+    warehouse.refresh(url, fresh, full=True)
+    for table in TABLES:
+        sql = f"SELECT * FROM {table} ORDER BY ALL"
+        assert rows(path, sql) == rows(fresh, sql), table
+
+
+def leftovers(path: Path) -> list[str]:
+    return sorted(p.name for p in path.parent.iterdir() if p.name.startswith(f".{path.name}"))
+
+
+class History:
+    """An application database that gets new messages and late events on each ``grow``."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.url = f"sqlite:///{tmp_path / 'app.sqlite3'}"
+        self.now = datetime.now(UTC).replace(microsecond=0)
+        self.rounds = 0
+        generate(self.url, messages=600, days=2, end=self.now - timedelta(hours=1), seed=1)
+
+    def grow(self, messages: int = 100) -> None:
+        self.rounds += 1
+        generate(
+            self.url,
+            messages=messages,
+            days=0.005,
+            # Each round's rows are newer than the last refresh, as committed rows are.
+            end=self.now + timedelta(minutes=20 * self.rounds),
+            seed=50 + self.rounds,
+            late_events_for_existing=30,
+        )
+
+
+@pytest.fixture
+def history(tmp_path: Path) -> History:
+    return History(tmp_path)
+
+
+# A reader in another process: it opens the snapshot read-only, answers each line it reads on
+# stdin with a digest of every table (as it sees them), and stays open until stdin closes.
+READER = textwrap.dedent(
+    """
+    import hashlib, sys
+    import duckdb
+
+    path, tables = sys.argv[1], sys.argv[2:]
+    connection = duckdb.connect(path, read_only=True)
+    for _ in sys.stdin:
+        digest = hashlib.sha256()
+        for table in tables:
+            rows = connection.execute(f"SELECT * FROM {table} ORDER BY ALL").fetchall()
+            digest.update(repr(rows).encode())
+        print(digest.hexdigest(), flush=True)
+    """
+)
+
+
+class Reader:
+    def __init__(self, path: Path) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", READER, str(path), *TABLES],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def read(self) -> str:
+        assert self.process.stdin and self.process.stdout
+        self.process.stdin.write("read\n")
+        self.process.stdin.flush()
+        return self.process.stdout.readline().strip()
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+def test_the_replaced_snapshot_is_patched_into_the_next_writer_file(history, tmp_path):
+    path = tmp_path / "warehouse.duckdb"
+    first = warehouse.refresh(history.url, path)
+    assert first.next_writer == "copied"  # nothing replaced yet
+    for _ in range(3):
+        history.grow()
+        summary = warehouse.refresh(history.url, path)
+        assert summary.next_writer == "patched"
+        # The next refresh starts from exactly what analysts see now.
+        assert digest(warehouse.writer_path(path)) == digest(path)
+        assert leftovers(path) == []
+    assert_equals_a_full_build(history.url, path, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("tail", "chunks_written"),
+    [
+        (0, [2]),  # same length: only the chunk with the changed byte
+        (-1000, [2, 4, 5]),  # the stale file is shorter: the chunks it lacks are written too
+        (1000, [2]),  # longer: cut at the source's end
+        (warehouse.PATCH_CHUNK + 5, [2]),
+    ],
+)
+def test_a_patch_writes_only_the_chunks_that_differ(tmp_path, monkeypatch, tail, chunks_written):
+    chunk = warehouse.PATCH_CHUNK
+    source = bytes(range(256)) * (chunk * 5 // 256) + b"end" * 100  # five chunks and a bit
+    stale = bytearray(source[: len(source) + tail] if tail <= 0 else source + b"x" * tail)
+    stale[chunk * 2 + 7] ^= 0xFF  # one byte in the third chunk
+    (tmp_path / "source").write_bytes(source)
+    (tmp_path / "stale").write_bytes(stale)
+    writes = []
+    pwrite = os.pwrite
+
+    def counted(fd: int, data: memoryview, offset: int) -> int:
+        writes.append(offset // chunk)
+        return pwrite(fd, data, offset)
+
+    monkeypatch.setattr(warehouse.os, "pwrite", counted)
+    warehouse._patch_durably(tmp_path / "source", tmp_path / "target", tmp_path / "stale")
+    assert (tmp_path / "target").read_bytes() == source
+    assert writes == chunks_written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["source", "target"]
+
+
+def test_a_reader_in_another_process_keeps_its_snapshot_and_the_refresh_copies(history, tmp_path):
+    path = tmp_path / "warehouse.duckdb"
+    warehouse.refresh(history.url, path)
+    history.grow()
+    warehouse.refresh(history.url, path)
+    reader = Reader(path)
+    try:
+        before = reader.read()
+        # The first refresh replaces the reader's file and must not patch it; the second
+        # replaces a file nobody holds.
+        for expected in ("copied", "patched"):
+            history.grow()
+            summary = warehouse.refresh(history.url, path)
+            assert summary.total_loaded > 0 and summary.next_writer == expected
+            assert reader.read() == before
+    finally:
+        reader.close()
+    assert leftovers(path) == []
+    assert_equals_a_full_build(history.url, path, tmp_path)
+
+
+def test_a_reader_in_this_process_keeps_its_snapshot(history, tmp_path):
+    """POSIX record locks never conflict within one process, so DuckDB's own lock would let a
+    writer in: the refresh must see this process's reader too."""
+    path = tmp_path / "warehouse.duckdb"
+    warehouse.refresh(history.url, path)
+    reader = warehouse.connect_read_only(path)
+    try:
+        sql = "SELECT count(*), sum(hash(message_id, final_status)) FROM email_funnel"
+        before = reader.execute(sql).fetchone()
+        # The first refresh replaces the reader's file and must not patch it; the second
+        # replaces a file nobody holds.
+        for expected in ("copied", "patched"):
+            history.grow()
+            summary = warehouse.refresh(history.url, path)
+            assert summary.next_writer == expected
+            assert reader.execute(sql).fetchone() == before
+    finally:
+        reader.close()
+    assert_equals_a_full_build(history.url, path, tmp_path)
+
+
+def test_a_reader_that_locks_after_the_check_gets_a_copy_made_instead(
+    history, tmp_path, monkeypatch
+):
+    """A reader that opened the old snapshot just before it was replaced may take its lock after
+    the check: the patch's own lock fails, nothing is written, and the refresh copies."""
+    path = tmp_path / "warehouse.duckdb"
+    warehouse.refresh(history.url, path)
+    reader = Reader(path)
+    try:
+        before = reader.read()
+        monkeypatch.setattr(warehouse, "_held_open", lambda path: False)  # the check missed it
+        history.grow()
+        summary = warehouse.refresh(history.url, path)
+        assert summary.next_writer == "copied"
+        assert reader.read() == before
+    finally:
+        reader.close()
+    assert leftovers(path) == []
+
+
+def test_a_writer_file_an_analyst_opened_is_replaced_by_a_copy(history, tmp_path, monkeypatch):
+    """Analysts never open ``<warehouse>.writer``; if one does anyway, the refresh neither
+    writes under them nor fails: it starts from a copy of the snapshot."""
+    path = tmp_path / "warehouse.duckdb"
+    warehouse.refresh(history.url, path)
+    for check_sees_it in (True, False):  # seen by the check, or only by DuckDB's lock
+        if not check_sees_it:
+            monkeypatch.setattr(warehouse, "_held_open", lambda path: False)
+        reader = Reader(warehouse.writer_path(path))
+        try:
+            before = reader.read()
+            history.grow()
+            assert warehouse.refresh(history.url, path).total_loaded > 0
+            assert reader.read() == before
+        finally:
+            reader.close()
+    assert_equals_a_full_build(history.url, path, tmp_path)
+
+
+class Crash(BaseException):
+    """The process dies here (BaseException: nothing on the way out may handle it)."""
+
+
+def crash_on_call(monkeypatch, module, name: str, call: int = 1, after: bool = False) -> None:  # type: ignore[no-untyped-def]
+    """Make the ``call``-th call of ``module.name`` die, before or after doing its work."""
+    original = getattr(module, name)
+    calls = []
+
+    def dying(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == call and not after:
+            raise Crash(name)
+        result = original(*args, **kwargs)
+        if len(calls) == call:
+            raise Crash(name)
+        return result
+
+    monkeypatch.setattr(module, name, dying)
+
+
+CRASH_POINTS = {
+    # before the swap: the writer file holds the new build, the snapshot the old data
+    "after the old snapshot got its second name": (warehouse, "_retire", 1, True),
+    # after the swap: no writer file, the old snapshot only under its second name
+    "right after publishing": (warehouse, "_prepare_next_writer", 1, False),
+    # half-way through the patch: a half-patched file under a temporary name
+    "during the patch": (os, "pwrite", 1, True),
+    # patched and flushed, not yet renamed into place
+    "before the patched file is renamed": (warehouse, "_write_differences", 1, True),
+}
+
+
+@pytest.mark.parametrize("point", list(CRASH_POINTS))
+def test_a_crash_at_any_step_of_publishing_leaves_a_usable_warehouse(
+    history, tmp_path, monkeypatch, point
+):
+    path = tmp_path / "warehouse.duckdb"
+    warehouse.refresh(history.url, path)
+    history.grow()
+    warehouse.refresh(history.url, path)
+    history.grow()
+    module, name, call, after = CRASH_POINTS[point]
+    with monkeypatch.context() as patched:
+        crash_on_call(patched, module, name, call, after)
+        with pytest.raises(Crash):
+            warehouse.refresh(history.url, path)
+    assert leftovers(path) != [] or not warehouse.writer_path(path).exists()
+    # Analysts can read whichever snapshot is in place.
+    assert rows(path, "SELECT count(*) FROM email_funnel")[0][0] >= 700
+    history.grow()
+    summary = warehouse.refresh(history.url, path)
+    assert not summary.full_build
+    assert summary.table_rows["email_funnel"] == 900
+    assert leftovers(path) == []  # the dead refresh's files are gone
+    assert digest(warehouse.writer_path(path)) == digest(path)
+    assert_equals_a_full_build(history.url, path, tmp_path)
