@@ -1,6 +1,6 @@
 """The code location: every job, sensor, asset and resource, wired in one place."""
 
-from dagster import Definitions
+from dagster import Definitions, in_process_executor
 
 from email_platform.assets import analytics_assets, analytics_sensors
 from email_platform.jobs import ingest_webhooks_job, lane_worker_job, send_email_job
@@ -34,6 +34,11 @@ def build_definitions(
             *analytics_sensors,
         ],
         assets=analytics_assets,
+        # Asset runs execute their steps in the run's own process. The multiprocess default
+        # starts one more Python process per asset and per check (about a CPU-second each,
+        # seconds under load) for steps that read one DuckDB file one by one anyway. The send
+        # and ingestion jobs choose their own executor (jobs.py).
+        executor=in_process_executor,
         resources={
             "app_database": app_database or AppDatabase(),
             "email_provider": email_provider or EmailProviderResource(),

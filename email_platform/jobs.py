@@ -1,10 +1,14 @@
-"""The send job: one op, one claimed batch of one lane per run."""
+"""The send jobs (one batch per run, or a resident lane worker) and the ingestion job."""
 
-from dagster import job
+from dagster import job, multiprocess_executor
 
 from email_platform.ops.ingest import ingest_webhook_batch
 from email_platform.ops.lane_worker import run_lane_worker
 from email_platform.ops.send import send_email_batch
+
+# These jobs run their step in a subprocess (one more process start per run) on purpose: their
+# ops have a RetryPolicy, and an in-process step turns a "terminate run" interrupt into a retry
+# (Dagster 1.13, op_execution_error_boundary), so the run would stay CANCELING and keep going.
 
 
 @job(
@@ -14,6 +18,7 @@ from email_platform.ops.send import send_email_batch
         "Re-execute a failed run from failure to replay its dead letters safely."
     ),
     tags={"email/job": "send"},
+    executor_def=multiprocess_executor,
 )
 def send_email_job() -> None:
     send_email_batch()
@@ -25,6 +30,7 @@ def send_email_job() -> None:
         "suppressions. Launched by the webhook inbox sensor; safe to re-execute."
     ),
     tags={"email/job": "ingest"},
+    executor_def=multiprocess_executor,
 )
 def ingest_webhooks_job() -> None:
     ingest_webhook_batch()
@@ -38,6 +44,7 @@ def ingest_webhooks_job() -> None:
         "letters."
     ),
     tags={"email/job": "lane_worker"},
+    executor_def=multiprocess_executor,
 )
 def lane_worker_job() -> None:
     run_lane_worker()

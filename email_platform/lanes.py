@@ -85,7 +85,9 @@ DEFAULT_LANE_CONFIGS: dict[Lane, LaneConfig] = {
         lane=Lane.BULK,
         batch_size=500,
         concurrency=20,
-        interval_s=15,
+        # Lane workers make a tick cheap (it only checks that a worker runs), and a backlog
+        # should not wait 15 s for its first worker.
+        interval_s=5,
         max_retries=3,
         retry_delay_s=5.0,
         max_retry_delay_s=300.0,
