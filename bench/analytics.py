@@ -55,6 +55,7 @@ def _phase(database_url: str, warehouse_path: str, full: bool) -> None:
                 "events_rows": summary.table_rows["raw_email_events"],
                 "peak_rss_mb": _peak_rss_mb(),
                 "file_mb": Path(warehouse_path).stat().st_size / 2**20,
+                "next_writer": summary.next_writer,
             }
         )
     )
@@ -141,7 +142,7 @@ def _run(
 def _print(title: str, results: list[dict]) -> None:
     print(f"\n== {title} ==")
     print(
-        f"{'step':<28}{'visible':>9}{'extract':>9}{'build':>8}{'ckpt':>7}{'copy':>7}{'total s':>9}"
+        f"{'step':<28}{'visible':>9}{'extract':>9}{'build':>8}{'ckpt':>7}{'next':>7}{'total s':>9}"
         f"{'rows in':>10}{'us/row':>8}{'rebuilt':>9}{'RSS MB':>8}{'file MB':>9}"
     )
     for r in results:
@@ -155,11 +156,12 @@ def _print(title: str, results: list[dict]) -> None:
             f"{r['step']:<28}{t['visible']:>9.2f}{t['extract_load']:>9.2f}{t['build']:>8.2f}"
             f"{t['checkpoint']:>7.2f}{t['prepare_next']:>7.2f}{t['total']:>9.2f}"
             f"{r['loaded']:>10,}{per_row:>8.1f}{r['messages_rebuilt']:>9,}"
-            f"{r['peak_rss_mb']:>8.0f}{r['file_mb']:>9.0f}"
+            f"{r['peak_rss_mb']:>8.0f}{r['file_mb']:>9.0f}  {r.get('next_writer') or ''}"
         )
     print(
         "visible: refresh start -> new snapshot published (what an analyst waits for); "
-        "copy: preparing the next refresh's writer file, after publishing; total: both."
+        "next: preparing the next refresh's writer file after publishing (patched: the replaced "
+        "snapshot, only its differing blocks rewritten; copied: a whole copy); total: all of it."
     )
 
 

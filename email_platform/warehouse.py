@@ -893,7 +893,24 @@ def funnel_totals(
 ) -> dict[str, float | int | None]:
     """Whole-warehouse counts and rates, and latency percentiles over the newest
     ``latency_days`` days: what the UI plots over time (recent latencies move with the system;
-    all-time ones would barely move, and cost a sort of every row on each refresh)."""
+    all-time ones would barely move, and cost a sort of every row on each refresh).
+
+    The counts are sums of ``email_funnel_daily``, which counts every funnel row exactly once:
+    a few hundred rows instead of a scan of every message (0.03-0.06 s at 1M, on each refresh).
+    """
+    counts = (
+        "messages",
+        "accepted",
+        "delivered",
+        "human_opened",
+        "machine_opened",
+        "clicked",
+        "bounced",
+        "complained",
+        "unsubscribed",
+        "dead",
+    )
+    sums = ", ".join(f"coalesce(sum({name}), 0)::BIGINT AS {name}" for name in counts)
     row = connection.execute(
         f"""
         WITH recent AS (
@@ -906,21 +923,18 @@ def funnel_totals(
                 quantile_cont(delivery_delay_s, 0.5) AS delivery,
                 quantile_cont(time_to_open_s, [0.5, 0.95]) AS open
             FROM recent
-        )
+        ),
+        t AS (SELECT {sums} FROM {FUNNEL_DAILY})
         SELECT
-            count(*), count(accepted_at), count(delivered_at), count(first_open_at),
-            count(first_machine_open_at), count(first_click_at), count(bounced_at),
-            count(complained_at), count(unsubscribed_at),
-            count(*) FILTER (WHERE final_status = 'dead'),
-            count(delivered_at) / nullif(count(accepted_at), 0),
-            count(first_open_at) / nullif(count(delivered_at), 0),
-            count(first_machine_open_at) / nullif(count(delivered_at), 0),
-            count(first_click_at) / nullif(count(delivered_at), 0),
-            count(bounced_at) / nullif(count(accepted_at), 0),
-            count(complained_at) / nullif(count(delivered_at), 0),
-            any_value(l.accepted[1]), any_value(l.accepted[2]), any_value(l.delivery),
-            any_value(l.open[1]), any_value(l.open[2])
-        FROM {FUNNEL}, latencies AS l
+            {", ".join(f"t.{name}" for name in counts)},
+            t.delivered / nullif(t.accepted, 0),
+            t.human_opened / nullif(t.delivered, 0),
+            t.machine_opened / nullif(t.delivered, 0),
+            t.clicked / nullif(t.delivered, 0),
+            t.bounced / nullif(t.accepted, 0),
+            t.complained / nullif(t.delivered, 0),
+            l.accepted[1], l.accepted[2], l.delivery, l.open[1], l.open[2]
+        FROM t, latencies AS l
         """
     ).fetchone()
     names = (

@@ -292,3 +292,32 @@ def test_a_crash_at_any_step_of_publishing_leaves_a_usable_warehouse(
     assert leftovers(path) == []  # the dead refresh's files are gone
     assert digest(warehouse.writer_path(path)) == digest(path)
     assert_equals_a_full_build(history.url, path, tmp_path)
+
+
+def test_funnel_totals_from_the_daily_table_equal_counts_over_every_funnel_row(history, tmp_path):
+    path = tmp_path / "warehouse.duckdb"
+    warehouse.refresh(history.url, path)
+    history.grow()
+    summary = warehouse.refresh(history.url, path)
+    direct = rows(
+        path,
+        "SELECT count(*), count(accepted_at), count(delivered_at), count(first_open_at), "
+        "count(first_machine_open_at), count(first_click_at), count(bounced_at), "
+        "count(complained_at), count(unsubscribed_at), "
+        "count(*) FILTER (WHERE final_status = 'dead'), "
+        "count(first_open_at) / nullif(count(delivered_at), 0) FROM email_funnel",
+    )[0]
+    names = (
+        "messages", "accepted", "delivered", "human_opened", "machine_opened", "clicked",
+        "bounced", "complained", "unsubscribed", "dead", "open_rate",
+    )  # fmt: skip
+    assert tuple(summary.funnel[name] for name in names) == direct
+    assert summary.funnel["messages"] == 700 and summary.funnel["dead"] > 0
+
+
+def test_funnel_totals_of_an_empty_warehouse(tmp_path):
+    url = f"sqlite:///{tmp_path / 'app.sqlite3'}"
+    generate(url, messages=0, days=1, end=datetime.now(UTC))
+    totals = warehouse.refresh(url, tmp_path / "warehouse.duckdb").funnel
+    assert totals["messages"] == 0 and totals["dead"] == 0
+    assert totals["open_rate"] is None and totals["event_to_accepted_p50_s"] is None
