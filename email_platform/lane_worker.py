@@ -13,6 +13,7 @@ while it goes on with other events; exhausted retries become dead letters.
 """
 
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -24,11 +25,14 @@ from sqlalchemy import Engine
 from email_platform.lanes import LaneConfig
 from email_platform.ops.send import retry_wait_s
 from email_platform.sending import BatchOutcome, BatchSender
-from email_platform.store import outbox
+from email_platform.store import lane_workers, outbox
 from email_platform.timeutil import utcnow
 
 #: How often the worker logs what it did since the last line (a run's progress in the UI).
 PROGRESS_EVERY_S = 30.0
+#: How often the worker records that it is alive; the sensor replaces one silent for longer
+#: than ``sensors.outbox.HEARTBEAT_STALE_S``.
+HEARTBEAT_EVERY_S = 10.0
 
 
 @dataclass
@@ -77,12 +81,26 @@ class LaneWorker:
         self.result = WorkerResult()
 
     def run(self) -> WorkerResult:
+        # A retried attempt of this run starts here: what the previous attempt held is due again.
+        self._release_held()
+        self._beat()
+        stop_beating = threading.Event()
+        beating = threading.Thread(
+            target=self._beat_until, args=(stop_beating,), name="heartbeat", daemon=True
+        )
+        beating.start()
         try:
             self._loop()
+        except BaseException as exc:
+            self.result.reason = self.result.reason or f"error: {type(exc).__name__}: {exc}"
+            raise
         finally:
+            stop_beating.set()
+            beating.join()
             # Also on an interrupt (the run was terminated) or an error: what this run still
             # holds goes back to the outbox now instead of waiting for its lease to expire.
             self._release_held()
+            self._end()
         return self.result
 
     def _loop(self) -> None:
@@ -92,7 +110,10 @@ class LaneWorker:
         progress_mark: Counter = Counter()
         while True:
             now = self.clock()
-            if now - started >= self.lane.worker_lifetime_s:
+            # Past its lifetime a worker takes nothing new but sees its waiting retries through,
+            # so their backoff and retry count survive the handover to its successor.
+            retiring = now - started >= self.lane.worker_lifetime_s
+            if retiring and not self._retries:
                 self.result.reason = "lifetime"
             elif not self._retries and now - idle_since >= self.lane.worker_idle_s:
                 self.result.reason = "idle"
@@ -107,6 +128,9 @@ class LaneWorker:
             retry = self._due_retry(now)
             if retry is not None:
                 self._send(retry.event_ids, retry.number + 1)
+                continue
+            if retiring:
+                self.sleep(self._idle_wait(now))
                 continue
             with self.engine.connect() as connection:
                 event_ids = outbox.find_due(
@@ -164,6 +188,25 @@ class LaneWorker:
                 self.result.released = len(outbox.release_run(connection, self.run_id))
         except Exception as exc:  # never mask the error that ended the loop
             self.log.warning(f"could not release this run's claims ({exc}); leases will expire")
+
+    def _beat(self) -> None:
+        with self.engine.begin() as connection:
+            lane_workers.beat(connection, self.run_id, self.lane.lane.value, utcnow())
+
+    def _beat_until(self, stop: threading.Event) -> None:
+        """Heartbeats from their own thread: a long batch send must not look like a dead run."""
+        while not stop.wait(HEARTBEAT_EVERY_S):
+            try:
+                self._beat()
+            except Exception as exc:  # the next beat may get through; the sensor judges
+                self.log.warning(f"heartbeat failed: {exc}")
+
+    def _end(self) -> None:
+        try:
+            with self.engine.begin() as connection:
+                lane_workers.end(connection, self.run_id, self.result.reason or "ended", utcnow())
+        except Exception as exc:  # never mask the error that ended the loop
+            self.log.warning(f"could not record the end of this worker ({exc})")
 
     def _log_progress(self, mark: Counter, elapsed_s: float) -> None:
         sent = self.result.totals["sent"] - mark["sent"]

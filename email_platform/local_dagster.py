@@ -160,8 +160,12 @@ class DaemonProcess:
         if self.process is None:
             return
         if drain_s > 0 and self.alive():
-            self.end_lane_workers()
-            self.wait_for_runs_to_finish(drain_s)
+            deadline = time.monotonic() + drain_s
+            # The sensors still tick: one may start a worker for claims a cancelled one gave
+            # back. Cancel until none is left (it converges once nothing is due).
+            while self.end_lane_workers() and time.monotonic() < deadline:
+                self.wait_for_runs_to_finish(min(10.0, max(0.0, deadline - time.monotonic())))
+            self.wait_for_runs_to_finish(max(0.0, deadline - time.monotonic()))
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:

@@ -474,33 +474,73 @@ class BatchSender:
         for thread in threads:
             thread.start()
         configuration_error: ConfigurationError | None = None
+        group: list[_Sent] = []
         try:
             running = workers
             while running:
                 group, exited = _next_group(done, running)
                 running -= exited
-                if not group:
-                    continue
-                # One transaction per group, the accepted sends with one statement per table.
-                with self.engine.begin() as connection:
-                    accepted: list[tuple[_Work, Accepted, datetime]] = []
-                    for sent in group:
-                        if isinstance(sent.result, Accepted):
-                            accepted.append((sent.item, sent.result, sent.started))
-                        elif isinstance(sent.result, ConfigurationError):
-                            # A wrong setting is the deployment's to fix: dead-letter nothing.
-                            configuration_error = configuration_error or sent.result
-                        else:
-                            self._record(
-                                connection, sent.item, sent.result, sent.started, run_id, outcome
-                            )
-                    self._record_accepted(connection, accepted, run_id, outcome)
+                if group:
+                    configuration_error = (
+                        self._record_group(group, run_id, outcome) or configuration_error
+                    )
+                group = []
+        except BaseException:
+            # Interrupted (the run was terminated) or failed mid-group: what the provider has
+            # already answered is recorded before giving up, so a released event is not sent
+            # again for nothing (twice, with a provider that ignores idempotency keys).
+            stop.set()
+            for thread in threads:
+                thread.join()
+            self._record_leftovers(group, done, run_id, outcome)
+            raise
         finally:
             stop.set()
             for thread in threads:
                 thread.join()
         if configuration_error is not None:
             raise configuration_error
+
+    def _record_group(
+        self, group: list[_Sent], run_id: str, outcome: BatchOutcome
+    ) -> ConfigurationError | None:
+        """One transaction per group, the accepted sends with one statement per table."""
+        configuration_error: ConfigurationError | None = None
+        with self.engine.begin() as connection:
+            accepted: list[tuple[_Work, Accepted, datetime]] = []
+            for sent in group:
+                if isinstance(sent.result, Accepted):
+                    accepted.append((sent.item, sent.result, sent.started))
+                elif isinstance(sent.result, ConfigurationError):
+                    # A wrong setting is the deployment's to fix: dead-letter nothing.
+                    configuration_error = configuration_error or sent.result
+                else:
+                    self._record(connection, sent.item, sent.result, sent.started, run_id, outcome)
+            self._record_accepted(connection, accepted, run_id, outcome)
+        return configuration_error
+
+    def _record_leftovers(
+        self,
+        group: list[_Sent],
+        done: SimpleQueue[_Sent | None],
+        run_id: str,
+        outcome: BatchOutcome,
+    ) -> None:
+        leftovers = list(group)
+        while True:
+            try:
+                sent = done.get_nowait()
+            except Empty:
+                break
+            if sent is not None:
+                leftovers.append(sent)
+        if not leftovers:
+            return
+        try:
+            self._record_group(leftovers, run_id, outcome)
+            self.log.warning(f"interrupted: recorded the {len(leftovers)} outcome(s) in hand")
+        except Exception as exc:  # the database may be what failed; the keys still guard
+            self.log.warning(f"interrupted: could not record {len(leftovers)} outcome(s): {exc}")
 
     def _send_worker(
         self,

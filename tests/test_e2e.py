@@ -14,7 +14,7 @@ from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 from sqlalchemy import insert, select
 
 from email_platform import publish
-from email_platform.db.schema import dead_letters, email_messages, email_outbox
+from email_platform.db.schema import dead_letters, email_messages, email_outbox, lane_workers
 from email_platform.local_dagster import DaemonProcess, prepare_home, wait_for
 from tests.support import product, sandbox_messages, sandbox_stats, users
 
@@ -24,6 +24,14 @@ LANES_JSON = (
     '{"critical": {"retry_delay_s": 0.2}, "transactional": {"retry_delay_s": 0.2,'
     ' "batch_size": 10}, "bulk": {"retry_delay_s": 0.2, "batch_size": 20}}'
 )
+
+
+def _bulk_worker_ends(engine) -> set:  # type: ignore[no-untyped-def]
+    with engine.connect() as connection:
+        rows = connection.execute(
+            select(lane_workers.c.end_reason).where(lane_workers.c.lane == "bulk")
+        ).all()
+    return {row.end_reason for row in rows}
 
 
 def _statuses(engine, ids: list[str]) -> Counter:
@@ -111,6 +119,12 @@ def test_daemon_drains_every_lane_and_bulk_can_be_paused(engine, database_url, s
         _dagster_cli(home, env, "sensor", "start", "bulk_outbox_sensor")
         assert wait_for(lambda: _statuses(engine, ids["bulk"]) == Counter({"done": 30}), 120), (
             _statuses(engine, ids["bulk"]),
+            daemon.log_path.read_text()[-3000:],
+        )
+        # Pausing a lane whose worker is running ends that worker (it would idle for 60 s).
+        _dagster_cli(home, env, "sensor", "stop", "bulk_outbox_sensor")
+        assert wait_for(lambda: _bulk_worker_ends(engine) == {"paused"}, 30), (
+            _bulk_worker_ends(engine),
             daemon.log_path.read_text()[-3000:],
         )
 

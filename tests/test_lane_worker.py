@@ -6,12 +6,14 @@ go on, exhausted retries are dead letters that a re-execution replays with the o
 and a worker that is paused, interrupted or killed gives back what it holds.
 """
 
+import _thread
 import dataclasses
 import multiprocessing
 import os
 import signal
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 from dagster import (
@@ -41,6 +43,8 @@ from email_platform.routes import default_routes
 from email_platform.sending import BatchSender
 from email_platform.sensors.outbox import make_outbox_sensor
 from email_platform.sensors.run_failure import email_run_failure_sensor
+from email_platform.store import lane_workers, outbox
+from email_platform.timeutil import utcnow
 from tests.support import (
     attempts_of,
     dead_letters_of,
@@ -209,6 +213,81 @@ def test_an_interrupted_worker_gives_back_its_claim(engine, sandbox):
     assert sandbox_stats(sandbox.base_url)["accepted"] == 1
 
 
+def test_a_retried_attempt_takes_back_what_the_failed_attempt_held(engine, sandbox):
+    ids = [signup(engine, f"u{i}") for i in range(3)]
+    # The first attempt of run worker-1 claimed them (long lease) and then its step crashed.
+    with engine.begin() as connection:
+        claimed = outbox.claim(connection, ids, run_id="worker-1", lease_s=3600, now=utcnow())
+    assert len(claimed) == 3
+    started = time.monotonic()
+    result = _worker(engine, sandbox.base_url, _lane(), "worker-1").run()
+    assert result.totals["sent"] == 3
+    assert time.monotonic() - started < 10  # not an hour's lease
+    assert sandbox_stats(sandbox.base_url)["accepted"] == 3
+
+
+def test_a_worker_past_its_lifetime_sees_its_retries_through(engine, sandbox):
+    flaky = signup(engine, "u1", email="u1+503x1@example.com")
+    offset = [0.0]
+    worker = _worker(
+        engine,
+        sandbox.base_url,
+        _lane(worker_lifetime_s=60, retry_delay_s=0.3),
+        "worker-1",
+        clock=lambda: time.monotonic() + offset[0],
+    )
+    schedule_retry = worker._after_transient
+
+    def lifetime_ends_now(outcome, retry_number):  # type: ignore[no-untyped-def]
+        offset[0] += 60  # the lifetime runs out while the retry waits
+        schedule_retry(outcome, retry_number)
+
+    worker._after_transient = lifetime_ends_now  # type: ignore[method-assign]
+    result = worker.run()
+    assert result.reason == "lifetime" and result.released == 0
+    # Retried by the same worker after its backoff, not handed over with the count reset.
+    tries = attempts_of(engine, flaky)
+    assert [a.outcome for a in tries] == ["transient", "accepted"]
+    assert {a.run_id for a in tries} == {"worker-1"}
+    assert event(engine, flaky).claim_count == 1
+
+
+class _InterruptAfter(SandboxProvider):
+    """Accepts like the sandbox, then interrupts the main thread after the n-th acceptance."""
+
+    def __init__(self, base_url: str, n: int) -> None:
+        super().__init__(base_url, max_connections=4, timeout_s=5)
+        self.n, self.count, self.lock = n, 0, threading.Lock()
+
+    def send(self, email):  # type: ignore[no-untyped-def]
+        result = super().send(email)
+        with self.lock:
+            self.count += 1
+            if self.count == self.n:
+                _thread.interrupt_main()  # what "terminate run" does to the step
+        return result
+
+
+def test_an_interrupted_send_records_the_answers_it_already_has(engine, sandbox):
+    ids = [signup(engine, f"u{i}") for i in range(40)]
+    lane = _lane(batch_size=40, concurrency=4)
+    worker = _worker(engine, sandbox.base_url, lane, "worker-1")
+    worker.sender.provider = _InterruptAfter(sandbox.base_url, 10)
+    with pytest.raises(KeyboardInterrupt):
+        worker.run()
+    accepted = {m["idempotency_key"] for m in sandbox_messages(sandbox.base_url)}
+    assert len(accepted) >= 10
+    for event_id in ids:
+        (message,) = messages_of(engine, event_id)
+        # Every acceptance the provider gave before the interrupt is on record.
+        assert (message.status == "sent") == (message.idempotency_key in accepted)
+    # The rest was given back and goes out once; nothing accepted is sent again.
+    _worker(engine, sandbox.base_url, _lane(), "worker-2").run()
+    stats = sandbox_stats(sandbox.base_url)
+    assert stats["accepted"] == 40 and stats["repeated_keys"] == 0
+    assert all(event(engine, i).status == "done" for i in ids)
+
+
 # ---- the sensor keeps workers running ---------------------------------------------------------
 
 
@@ -263,6 +342,49 @@ def test_sensor_starts_one_worker_when_work_waits_and_a_successor_near_its_end(
         # workers=0: the lane goes back to one launched run per batch.
         batch = _sensor_tick(instance, database_url, '{"critical": {"workers": 0}}')
         assert [r.job_name for r in batch.run_requests] == ["send_email_job"]
+
+
+def _worker_run(instance: DagsterInstance, lane: str = "critical", **kwargs):  # type: ignore[no-untyped-def]
+    from email_platform.definitions import defs
+
+    return instance.create_run_for_job(
+        defs.get_job_def("lane_worker_job"),
+        run_config={"ops": {"run_lane_worker": {"config": {"lane": lane}}}},
+        tags={"email/lane": lane, "email/worker": "lane"},
+        status=DagsterRunStatus.STARTED,
+        **kwargs,
+    )
+
+
+def test_sensor_replaces_a_worker_whose_heartbeat_stopped(engine, database_url):
+    _reset(engine, 1)
+    with DagsterInstance.ephemeral() as instance:
+        run = _worker_run(instance)
+        with engine.begin() as connection:
+            lane_workers.beat(connection, run.run_id, "critical", utcnow())
+        assert isinstance(_sensor_tick(instance, database_url), SkipReason)  # alive
+        # Its process died: no beat for two minutes.
+        with engine.begin() as connection:
+            lane_workers.beat(connection, run.run_id, "critical", utcnow() - timedelta(seconds=120))
+        result = _sensor_tick(instance, database_url)
+        assert isinstance(result, SensorResult) and len(result.run_requests) == 1
+        # Reported failed, so the run failure sensor releases its claims and the UI shows it.
+        assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.FAILURE
+
+
+def test_sensor_does_not_count_a_worker_that_ended_or_a_replay(engine, database_url):
+    _reset(engine, 1)
+    with DagsterInstance.ephemeral() as instance:
+        ended = _worker_run(instance)
+        with engine.begin() as connection:
+            lane_workers.beat(connection, ended.run_id, "critical", utcnow())
+            lane_workers.end(connection, ended.run_id, "idle", utcnow())
+        # A re-execution of a worker run replays dead letters; it does not poll the outbox.
+        _worker_run(instance, parent_run_id=ended.run_id, root_run_id=ended.run_id)
+        result = _sensor_tick(instance, database_url)
+        assert isinstance(result, SensorResult) and len(result.run_requests) == 1
+        # The one that ended is wrapping up, not dead.
+        assert instance.get_run_by_id(ended.run_id).status == DagsterRunStatus.STARTED
 
 
 # ---- through Dagster: the op, its failure, the re-execution, a killed worker ----------------

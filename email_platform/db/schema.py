@@ -208,3 +208,17 @@ email_events = Table(
 Index("ix_email_events_event_id", email_events.c.event_id)
 Index("ix_email_events_message", email_events.c.message_id)
 Index("ix_email_events_received_at", email_events.c.received_at)
+
+# One row per lane-worker run: its heartbeat tells the lane sensor a worker is alive (a run
+# whose process died stays STARTED in Dagster with the default run launcher).
+lane_workers = Table(
+    "lane_workers",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("lane", String(20), nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("heartbeat_at", DateTime(timezone=True), nullable=False),
+    Column("ended_at", DateTime(timezone=True)),
+    # lifetime, idle, paused, or the error that ended it
+    Column("end_reason", String(200)),
+)

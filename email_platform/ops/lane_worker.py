@@ -35,8 +35,14 @@ def sensor_name(lane: str) -> str:
     return f"{lane}_outbox_sensor"
 
 
-def pause_check(instance: DagsterInstance, lane: str) -> Callable[[], bool]:
-    """True once the lane's outbox sensor is stopped: pausing a lane stops its workers too."""
+def pause_check(
+    instance: DagsterInstance, lane: str, repository_origin_id: str | None
+) -> Callable[[], bool]:
+    """True once the lane's outbox sensor is stopped: pausing a lane stops its workers too.
+
+    Only this code location's sensor counts (``repository_origin_id``, when the run has one):
+    a stopped sensor of the same name elsewhere on the instance must not silence this lane.
+    """
     name = sensor_name(lane)
     state = {"checked": 0.0, "paused": False}
 
@@ -44,9 +50,11 @@ def pause_check(instance: DagsterInstance, lane: str) -> Callable[[], bool]:
         now = time.monotonic()
         if now - state["checked"] >= PAUSE_CHECK_EVERY_S:
             state["checked"] = now
+            states = instance.all_instigator_state(
+                repository_origin_id=repository_origin_id, instigator_type=InstigatorType.SENSOR
+            )
             state["paused"] = any(
-                s.instigator_name == name and s.status == InstigatorStatus.STOPPED
-                for s in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR)
+                s.instigator_name == name and s.status == InstigatorStatus.STOPPED for s in states
             )
         return bool(state["paused"])
 
@@ -91,7 +99,9 @@ def run_lane_worker(
             engine=engine,
             lane=lane,
             run_id=context.run_id,
-            should_pause=pause_check(context.instance, lane.lane.value),
+            should_pause=pause_check(
+                context.instance, lane.lane.value, _repository_origin_id(context)
+            ),
             log=context.log,
         )
         result = worker.run()
@@ -105,6 +115,11 @@ def run_lane_worker(
     )
     context.add_output_metadata({"ended": MetadataValue.text(result.reason)})
     return finish_with_dead_letters(context, engine, counts)
+
+
+def _repository_origin_id(context: OpExecutionContext) -> str | None:
+    origin = context.run.remote_job_origin
+    return origin.repository_origin.get_id() if origin is not None else None
 
 
 def _replay_dead_letters(

@@ -2,6 +2,7 @@
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from dagster import (
     DagsterInstance,
@@ -21,8 +22,8 @@ from email_platform.ids import new_ulid
 from email_platform.jobs import lane_worker_job, send_email_job
 from email_platform.lanes import DEFAULT_LANE_CONFIGS, LANES, Lane, LaneConfig
 from email_platform.resources import AppDatabase, LanePolicy
-from email_platform.store import outbox
-from email_platform.timeutil import utcnow
+from email_platform.store import lane_workers, outbox
+from email_platform.timeutil import as_utc, utcnow
 
 
 def batch_run_key(lane: str, event_ids: Sequence[str], request_round: int) -> str:
@@ -80,24 +81,63 @@ UNFINISHED_RUN_STATUSES = [
 #: Most of a worker's lifetime after which the sensor starts its successor, so the lane is
 #: never without one while the old worker finishes.
 HANDOVER_S = 60.0
+#: A started worker run silent for this long is dead (its process is gone: the default run
+#: launcher does not notice), and one that never beat within ``STARTUP_GRACE_S`` of its start.
+HEARTBEAT_STALE_S = 60.0
+STARTUP_GRACE_S = 120.0
 
 
-def live_workers(instance: DagsterInstance, lane: LaneConfig, now_ts: float) -> int:
-    """Worker runs of ``lane`` that are queued, starting, or running and not about to end."""
-    records = instance.get_run_records(
-        RunsFilter(
-            job_name=lane_worker_job.name,
-            tags={"email/lane": lane.lane.value},
-            statuses=UNFINISHED_RUN_STATUSES,
+def live_workers(
+    instance: DagsterInstance, app_database: AppDatabase, lane: LaneConfig, now_ts: float
+) -> int:
+    """Worker runs of ``lane`` queued, starting, or running and alive, and not about to end.
+
+    A started worker whose heartbeat stopped is reported failed here, so the run failure
+    sensor gives its claims back and the UI shows it, and a new worker replaces it.
+    """
+    records = [
+        record
+        for record in instance.get_run_records(
+            RunsFilter(
+                job_name=lane_worker_job.name,
+                tags={"email/lane": lane.lane.value},
+                statuses=UNFINISHED_RUN_STATUSES,
+            )
         )
-    )
+        # A re-execution replays its parent's dead letters; it does not poll the outbox.
+        if record.dagster_run.parent_run_id is None
+    ]
+    with app_database.get_engine().connect() as connection:
+        beats = lane_workers.heartbeats(connection, [r.dagster_run.run_id for r in records])
     handover_s = min(HANDOVER_S, lane.worker_lifetime_s / 4)
     live = 0
     for record in records:
+        run = record.dagster_run
         started = record.start_time or record.create_timestamp.timestamp()
+        beat = beats.get(run.run_id)
+        if run.status == DagsterRunStatus.STARTED and _is_dead(beat, started, now_ts):
+            instance.report_run_failed(
+                run,
+                message=(
+                    f"lane worker silent since "
+                    f"{beat.heartbeat_at.isoformat() if beat else 'its start'}: its process is "
+                    "gone; its claims are released and a new worker starts"
+                ),
+            )
+            continue
+        if beat is not None and beat.ended_at is not None:
+            continue  # finished its loop; the run is only wrapping up
         if started + lane.worker_lifetime_s - handover_s > now_ts:
             live += 1
     return live
+
+
+def _is_dead(beat: Any, started_ts: float, now_ts: float) -> bool:
+    if beat is None:
+        return now_ts - started_ts > STARTUP_GRACE_S
+    if beat.ended_at is not None:
+        return False
+    return now_ts - as_utc(beat.heartbeat_at).timestamp() > HEARTBEAT_STALE_S
 
 
 def worker_run_request(lane: LaneConfig) -> RunRequest:
@@ -119,7 +159,7 @@ def keep_workers(
 ) -> SensorResult | SkipReason:
     """Worker mode: start a worker run when the lane has due events and too few workers."""
     name = lane.lane.value
-    missing = lane.workers - live_workers(context.instance, lane, time.time())
+    missing = lane.workers - live_workers(context.instance, app_database, lane, time.time())
     if missing <= 0:
         return SkipReason(f"{lane.workers} {name} worker run(s) running.")
     with app_database.get_engine().connect() as connection:
