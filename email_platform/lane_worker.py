@@ -50,7 +50,7 @@ class WorkerResult:
     #: Totals over the worker's life, keyed like ``BatchOutcome.as_metadata``.
     totals: Counter = field(default_factory=Counter)
     batches: int = 0
-    #: Why the worker ended: lifetime, idle, paused.
+    #: Why the worker ended: lifetime, idle, paused, canceled (or the error that ended it).
     reason: str = ""
     #: Events given back to the outbox at the end (they were waiting for a retry).
     released: int = 0
@@ -64,19 +64,22 @@ class LaneWorker:
         engine: Engine,
         lane: LaneConfig,
         run_id: str,
-        should_pause: Callable[[], bool] = lambda: False,
+        should_stop: Callable[[], str | None] = lambda: None,
         log: logging.Logger | Any | None = None,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], Any] | None = None,
     ) -> None:
         self.sender = sender
         self.engine = engine
         self.lane = lane
         self.run_id = run_id
-        self.should_pause = should_pause
+        self.should_stop = should_stop
         self.log = log or logging.getLogger(__name__)
         self.clock = clock
-        self.sleep = sleep
+        # The sender's cancel flag: set by a terminate request (see ops/lane_worker.py); an
+        # idle wait ends as soon as it is set.
+        self.cancel = sender.cancel
+        self.sleep = sleep or self.cancel.wait
         self._retries: list[_Retry] = []
         self.result = WorkerResult()
 
@@ -115,10 +118,12 @@ class LaneWorker:
             retiring = now - started >= self.lane.worker_lifetime_s
             if retiring and not self._retries:
                 self.result.reason = "lifetime"
+            elif self.cancel.is_set():
+                self.result.reason = "canceled"
             elif not self._retries and now - idle_since >= self.lane.worker_idle_s:
                 self.result.reason = "idle"
-            elif self.should_pause():
-                self.result.reason = "paused"
+            else:
+                self.result.reason = self.should_stop() or ""
             if self.result.reason:
                 return
             if now - last_progress >= PROGRESS_EVERY_S:

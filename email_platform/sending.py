@@ -129,6 +129,7 @@ class BatchSender:
         lane: LaneConfig,
         sender_address: str,
         log: logging.Logger | Any | None = None,
+        cancel: threading.Event | None = None,
     ) -> None:
         self.engine = engine
         self.provider = provider
@@ -138,6 +139,9 @@ class BatchSender:
         self.lane = lane
         self.sender_address = sender_address
         self.log = log or logging.getLogger(__name__)
+        #: Set when the run is asked to stop: no new provider call starts, the ones in flight
+        #: are recorded, and what was not sent stays pending under its key.
+        self.cancel = cancel or threading.Event()
 
     # ---- one attempt -------------------------------------------------------------------------
 
@@ -549,7 +553,9 @@ class BatchSender:
         stop: threading.Event,
     ) -> None:
         try:
-            while not stop.is_set() and (item := todo.get()) is not None:
+            while (
+                not stop.is_set() and not self.cancel.is_set() and (item := todo.get()) is not None
+            ):
                 started = utcnow()
                 result = self._attempt(item.email)
                 if isinstance(result, ConfigurationError):

@@ -6,7 +6,6 @@ go on, exhausted retries are dead letters that a re-execution replays with the o
 and a worker that is paused, interrupted or killed gives back what it holds.
 """
 
-import _thread
 import dataclasses
 import multiprocessing
 import os
@@ -177,7 +176,13 @@ def test_a_paused_worker_ends_and_gives_back_what_waits_for_a_retry(engine, sand
     sent = signup(engine, "u2")
     lane = _lane(retry_delay_s=30.0, max_retry_delay_s=30.0)
     pause = threading.Event()
-    worker = _worker(engine, sandbox.base_url, lane, "worker-1", should_pause=pause.is_set)
+    worker = _worker(
+        engine,
+        sandbox.base_url,
+        lane,
+        "worker-1",
+        should_stop=lambda: "paused" if pause.is_set() else None,
+    )
     original = worker._after_transient
 
     def then_pause(outcome, retry_number):  # type: ignore[no-untyped-def]
@@ -252,40 +257,57 @@ def test_a_worker_past_its_lifetime_sees_its_retries_through(engine, sandbox):
     assert event(engine, flaky).claim_count == 1
 
 
-class _InterruptAfter(SandboxProvider):
-    """Accepts like the sandbox, then interrupts the main thread after the n-th acceptance."""
+class _CancelAfter(SandboxProvider):
+    """Accepts like the sandbox; after the n-th acceptance the run is asked to stop."""
 
-    def __init__(self, base_url: str, n: int) -> None:
+    def __init__(self, base_url: str, n: int, cancel: threading.Event) -> None:
         super().__init__(base_url, max_connections=4, timeout_s=5)
-        self.n, self.count, self.lock = n, 0, threading.Lock()
+        self.n, self.count, self.lock, self.cancel = n, 0, threading.Lock(), cancel
 
     def send(self, email):  # type: ignore[no-untyped-def]
         result = super().send(email)
         with self.lock:
             self.count += 1
             if self.count == self.n:
-                _thread.interrupt_main()  # what "terminate run" does to the step
+                self.cancel.set()  # what SIGINT/SIGTERM does inside the worker op
         return result
 
 
-def test_an_interrupted_send_records_the_answers_it_already_has(engine, sandbox):
+def test_a_terminated_worker_records_what_is_in_flight_and_gives_back_the_rest(engine, sandbox):
     ids = [signup(engine, f"u{i}") for i in range(40)]
     lane = _lane(batch_size=40, concurrency=4)
     worker = _worker(engine, sandbox.base_url, lane, "worker-1")
-    worker.sender.provider = _InterruptAfter(sandbox.base_url, 10)
-    with pytest.raises(KeyboardInterrupt):
-        worker.run()
+    worker.sender.provider = _CancelAfter(sandbox.base_url, 10, worker.sender.cancel)
+    result = worker.run()
+    assert result.reason == "canceled"
     accepted = {m["idempotency_key"] for m in sandbox_messages(sandbox.base_url)}
-    assert len(accepted) >= 10
+    # No new send started after the request: at most the ones in flight then (4) finished.
+    assert 10 <= len(accepted) <= 14
     for event_id in ids:
         (message,) = messages_of(engine, event_id)
-        # Every acceptance the provider gave before the interrupt is on record.
+        # Every acceptance the provider gave is on record; nothing else was sent.
         assert (message.status == "sent") == (message.idempotency_key in accepted)
-    # The rest was given back and goes out once; nothing accepted is sent again.
+    assert result.released == 40 - len(accepted)
+    assert all(event(engine, i).status in ("done", "pending") for i in ids)
+    # The rest goes out once with the next worker; nothing accepted is sent again.
     _worker(engine, sandbox.base_url, _lane(), "worker-2").run()
     stats = sandbox_stats(sandbox.base_url)
     assert stats["accepted"] == 40 and stats["repeated_keys"] == 0
     assert all(event(engine, i).status == "done" for i in ids)
+
+
+def test_sigint_and_sigterm_in_the_worker_op_set_its_cancel_flag():
+    from email_platform.ops.lane_worker import interrupts_set
+
+    flag = threading.Event()
+    before = signal.getsignal(signal.SIGINT)
+    with interrupts_set(flag):
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert flag.wait(5)  # no exception raised mid-code, the flag says it
+        flag.clear()
+        os.kill(os.getpid(), signal.SIGINT)
+        assert flag.wait(5)
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 # ---- the sensor keeps workers running ---------------------------------------------------------
@@ -385,6 +407,17 @@ def test_sensor_does_not_count_a_worker_that_ended_or_a_replay(engine, database_
         assert isinstance(result, SensorResult) and len(result.run_requests) == 1
         # The one that ended is wrapping up, not dead.
         assert instance.get_run_by_id(ended.run_id).status == DagsterRunStatus.STARTED
+
+
+def test_a_worker_notices_a_terminate_request_without_the_interrupt():
+    from email_platform.ops.lane_worker import stop_check
+
+    with DagsterInstance.ephemeral() as instance:
+        run = _worker_run(instance)
+        assert stop_check(instance, "critical", run.run_id, None)() is None
+        # Dagster's one interrupt can be lost (it may land in a GC callback); the status stays.
+        instance.report_run_canceling(run)
+        assert stop_check(instance, "critical", run.run_id, None)() == "canceled"
 
 
 # ---- through Dagster: the op, its failure, the re-execution, a killed worker ----------------

@@ -1,12 +1,17 @@
 """The lane-worker op: a resident run that sends its lane's events as they come due."""
 
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
 
 from dagster import (
     Backoff,
     Config,
     DagsterInstance,
+    DagsterRunStatus,
     Jitter,
     MetadataValue,
     OpExecutionContext,
@@ -23,8 +28,9 @@ from email_platform.ops.send import finish_with_dead_letters, make_sender, send_
 from email_platform.resources import AppDatabase, EmailProviderResource, LanePolicy, RoutingResource
 from email_platform.store import dead_letters
 
-#: A stopped lane sensor is noticed within this long.
-PAUSE_CHECK_EVERY_S = 2.0
+#: A stopped lane sensor or a terminate request is noticed within this long.
+STOP_CHECK_EVERY_S = 2.0
+CANCEL_STATUSES = (DagsterRunStatus.CANCELING, DagsterRunStatus.CANCELED)
 
 
 class LaneWorkerConfig(Config):
@@ -35,30 +41,44 @@ def sensor_name(lane: str) -> str:
     return f"{lane}_outbox_sensor"
 
 
-def pause_check(
-    instance: DagsterInstance, lane: str, repository_origin_id: str | None
-) -> Callable[[], bool]:
-    """True once the lane's outbox sensor is stopped: pausing a lane stops its workers too.
+def stop_check(
+    instance: DagsterInstance, lane: str, run_id: str, repository_origin_id: str | None
+) -> Callable[[], str | None]:
+    """Why the worker should stop now, if it should: ``paused`` or ``canceled``.
 
-    Only this code location's sensor counts (``repository_origin_id``, when the run has one):
-    a stopped sensor of the same name elsewhere on the instance must not silence this lane.
+    ``paused``: the lane's outbox sensor is stopped (only this code location's sensor counts,
+    ``repository_origin_id`` when the run has one: a stopped sensor of the same name elsewhere
+    on the instance must not silence this lane). ``canceled``: someone asked to terminate the
+    run. Dagster delivers that as one interrupt, which is lost if it lands in a garbage
+    collection callback (seen here: SQLAlchemy's ``_collection_gced``), so the run's status is
+    read as well.
     """
     name = sensor_name(lane)
-    state = {"checked": 0.0, "paused": False}
+    state: dict = {"checked": 0.0, "reason": None}
 
-    def paused() -> bool:
+    def why() -> str | None:
         now = time.monotonic()
-        if now - state["checked"] >= PAUSE_CHECK_EVERY_S:
+        if now - state["checked"] >= STOP_CHECK_EVERY_S:
             state["checked"] = now
-            states = instance.all_instigator_state(
-                repository_origin_id=repository_origin_id, instigator_type=InstigatorType.SENSOR
+            run = instance.get_run_by_id(run_id)
+            # An ephemeral instance (tests, in-process runs) has no sensors to stop.
+            states = (
+                instance.all_instigator_state(
+                    repository_origin_id=repository_origin_id,
+                    instigator_type=InstigatorType.SENSOR,
+                )
+                if instance.schedule_storage is not None
+                else []
             )
-            state["paused"] = any(
+            if run is not None and run.status in CANCEL_STATUSES:
+                state["reason"] = "canceled"
+            elif any(
                 s.instigator_name == name and s.status == InstigatorStatus.STOPPED for s in states
-            )
-        return bool(state["paused"])
+            ):
+                state["reason"] = "paused"
+        return state["reason"]
 
-    return paused
+    return why
 
 
 @op(
@@ -93,18 +113,21 @@ def run_lane_worker(
         return _replay_dead_letters(context, lane, app_database, email_provider, routing)
 
     provider = email_provider.open(concurrency=lane.concurrency)
+    cancel = threading.Event()
     try:
+        sender = make_sender(context, lane, engine, provider, email_provider, routing, cancel)
         worker = LaneWorker(
-            sender=make_sender(context, lane, engine, provider, email_provider, routing),
+            sender=sender,
             engine=engine,
             lane=lane,
             run_id=context.run_id,
-            should_pause=pause_check(
-                context.instance, lane.lane.value, _repository_origin_id(context)
+            should_stop=stop_check(
+                context.instance, lane.lane.value, context.run_id, _repository_origin_id(context)
             ),
             log=context.log,
         )
-        result = worker.run()
+        with interrupts_set(cancel):
+            result = worker.run()
     finally:
         provider.close()
     counts = dict(result.totals)
@@ -115,6 +138,33 @@ def run_lane_worker(
     )
     context.add_output_metadata({"ended": MetadataValue.text(result.reason)})
     return finish_with_dead_letters(context, engine, counts)
+
+
+@contextmanager
+def interrupts_set(flag: threading.Event) -> Iterator[None]:
+    """Within the block, SIGINT and SIGTERM (how Dagster terminates a step) set ``flag``.
+
+    Dagster's own handler raises an exception wherever the main thread happens to be: inside a
+    database transaction (an SQLite write lock then stays held until garbage collection) or in
+    a garbage-collection callback, where Python ignores it and the request is lost. A flag is
+    read at safe points: no new send starts, what is in flight is recorded, the rest is given
+    back, and the worker ends "canceled".
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def set_flag(_signum: int, _frame: FrameType | None) -> None:
+        flag.set()
+
+    for sig in previous:
+        signal.signal(sig, set_flag)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _repository_origin_id(context: OpExecutionContext) -> str | None:

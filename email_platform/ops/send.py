@@ -1,5 +1,7 @@
 """The send op: one attempt sends one claimed batch of one lane."""
 
+import threading
+
 from dagster import (
     Backoff,
     Config,
@@ -131,6 +133,7 @@ def make_sender(
     provider: EmailProvider,
     email_provider: EmailProviderResource,
     routing: RoutingResource,
+    cancel: threading.Event | None = None,
 ) -> BatchSender:
     return BatchSender(
         engine=engine,
@@ -141,6 +144,7 @@ def make_sender(
         lane=lane,
         sender_address=email_provider.settings().sender,
         log=context.log,
+        cancel=cancel,
     )
 
 
