@@ -938,16 +938,7 @@ def funnel_totals(
         """
     ).fetchone()
     names = (
-        "messages",
-        "accepted",
-        "delivered",
-        "human_opened",
-        "machine_opened",
-        "clicked",
-        "bounced",
-        "complained",
-        "unsubscribed",
-        "dead",
+        *counts,
         "delivery_rate",
         "open_rate",
         "machine_open_rate",

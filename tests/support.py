@@ -160,3 +160,24 @@ def routes_with_signup_v3():
     ]
     table.upcasters[("user.signed_up", 2)] = lambda payload: payload
     return table
+
+
+def report_failed_and_release(instance: DagsterInstance, run, database_url: str) -> None:  # type: ignore[no-untyped-def]
+    """Mark ``run`` failed (as run monitoring or a lane sensor does for a dead worker), then
+    evaluate ``email_run_failure_sensor`` on that failure, which gives back the run's claims."""
+    from dagster import DagsterEventType, EventRecordsFilter, build_run_status_sensor_context
+
+    from email_platform.sensors.run_failure import email_run_failure_sensor
+
+    instance.report_run_failed(run)
+    failure = instance.get_event_records(EventRecordsFilter(DagsterEventType.RUN_FAILURE), limit=1)[
+        0
+    ].event_log_entry.dagster_event
+    with build_run_status_sensor_context(
+        sensor_name="email_run_failure_sensor",
+        dagster_event=failure,
+        dagster_instance=instance,
+        dagster_run=instance.get_run_by_id(run.run_id),
+        resources={"app_database": AppDatabase(url=database_url)},
+    ) as context:
+        email_run_failure_sensor(context)

@@ -10,17 +10,20 @@ import time
 from pathlib import Path
 
 from dagster import (
-    DagsterEventType,
     DagsterInstance,
-    EventRecordsFilter,
     RunsFilter,
-    build_run_status_sensor_context,
 )
 
 from email_platform.providers.sandbox_server import SandboxConfig, SandboxServer
-from email_platform.resources import AppDatabase
-from email_platform.sensors.run_failure import email_run_failure_sensor
-from tests.support import attempts_of, event, run_send, sandbox_messages, sandbox_stats, signup
+from tests.support import (
+    attempts_of,
+    event,
+    report_failed_and_release,
+    run_send,
+    sandbox_messages,
+    sandbox_stats,
+    signup,
+)
 
 
 def _send_in_child(database_url: str, sandbox_url: str, ids: list[str], home: str) -> None:
@@ -58,20 +61,9 @@ def test_killed_worker_releases_its_claim_and_nothing_is_sent_twice(
 
         with DagsterInstance.from_config(str(home)) as instance:
             (run,) = instance.get_runs(RunsFilter(job_name="send_email_job"))
-            # What run monitoring does for a dead worker: the run is marked failed ...
-            instance.report_run_failed(run)
-            failure = instance.get_event_records(
-                EventRecordsFilter(DagsterEventType.RUN_FAILURE), limit=1
-            )[0].event_log_entry.dagster_event
-            # ... and the failure sensor gives its claim back.
-            with build_run_status_sensor_context(
-                sensor_name="email_run_failure_sensor",
-                dagster_event=failure,
-                dagster_instance=instance,
-                dagster_run=instance.get_run_by_id(run.run_id),
-                resources={"app_database": AppDatabase(url=database_url)},
-            ) as context:
-                email_run_failure_sensor(context)
+            # What run monitoring does for a dead worker: the run is marked failed, and the
+            # failure sensor gives its claim back.
+            report_failed_and_release(instance, run, database_url)
         assert all(event(engine, i).status == "pending" for i in ids)
 
         assert run_send(database_url, sandbox_url, "transactional", ids).success

@@ -16,15 +16,12 @@ from datetime import timedelta
 
 import pytest
 from dagster import (
-    DagsterEventType,
     DagsterInstance,
     DagsterRunStatus,
-    EventRecordsFilter,
     ReexecutionOptions,
     RunsFilter,
     SensorResult,
     SkipReason,
-    build_run_status_sensor_context,
     build_sensor_context,
     execute_job,
     reconstructable,
@@ -41,7 +38,6 @@ from email_platform.resources import AppDatabase, LanePolicy
 from email_platform.routes import default_routes
 from email_platform.sending import BatchSender
 from email_platform.sensors.outbox import make_outbox_sensor
-from email_platform.sensors.run_failure import email_run_failure_sensor
 from email_platform.store import lane_workers, outbox
 from email_platform.timeutil import utcnow
 from tests.support import (
@@ -50,6 +46,7 @@ from tests.support import (
     event,
     messages_of,
     publish_one,
+    report_failed_and_release,
     sandbox_messages,
     sandbox_stats,
     signup,
@@ -493,18 +490,8 @@ def test_killed_worker_run_is_released_and_nothing_is_sent_twice(engine, databas
         assert all(event(engine, i).status == "in_flight" for i in ids)
         with DagsterInstance.from_config(str(home)) as instance:
             (run,) = instance.get_runs(RunsFilter(job_name="lane_worker_job"))
-            instance.report_run_failed(run)  # what run monitoring does for a dead worker
-            failure = instance.get_event_records(
-                EventRecordsFilter(DagsterEventType.RUN_FAILURE), limit=1
-            )[0].event_log_entry.dagster_event
-            with build_run_status_sensor_context(
-                sensor_name="email_run_failure_sensor",
-                dagster_event=failure,
-                dagster_instance=instance,
-                dagster_run=instance.get_run_by_id(run.run_id),
-                resources={"app_database": AppDatabase(url=database_url)},
-            ) as context:
-                email_run_failure_sensor(context)
+            # What the lane sensor does once the dead worker's heartbeat is stale (tested above).
+            report_failed_and_release(instance, run, database_url)
         assert all(event(engine, i).status == "pending" for i in ids)
         _worker(engine, sandbox_url, _lane(), "worker-2").run()
         stats = sandbox_stats(sandbox_url)
