@@ -52,7 +52,7 @@ class WorkerResult:
     batches: int = 0
     #: Why the worker ended: lifetime, idle, paused, canceled (or the error that ended it).
     reason: str = ""
-    #: Events given back to the outbox at the end (they were waiting for a retry).
+    #: Events given back to the outbox at the end (waiting for a retry, or cut off by a stop).
     released: int = 0
 
 

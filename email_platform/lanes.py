@@ -101,6 +101,11 @@ DEFAULT_LANE_CONFIGS: dict[Lane, LaneConfig] = {
 }
 
 
+def outbox_sensor_name(lane: str) -> str:
+    """The lane's outbox sensor: stopping it pauses the lane (its workers watch for that)."""
+    return f"{lane}_outbox_sensor"
+
+
 def parse_lane(value: str) -> Lane:
     try:
         return Lane(value)

@@ -479,6 +479,7 @@ class BatchSender:
             thread.start()
         configuration_error: ConfigurationError | None = None
         group: list[_Sent] = []
+        finished = False
         try:
             running = workers
             while running:
@@ -489,19 +490,16 @@ class BatchSender:
                         self._record_group(group, run_id, outcome) or configuration_error
                     )
                 group = []
-        except BaseException:
-            # Interrupted (the run was terminated) or failed mid-group: what the provider has
-            # already answered is recorded before giving up, so a released event is not sent
-            # again for nothing (twice, with a provider that ignores idempotency keys).
-            stop.set()
-            for thread in threads:
-                thread.join()
-            self._record_leftovers(group, done, run_id, outcome)
-            raise
+            finished = True
         finally:
             stop.set()
             for thread in threads:
                 thread.join()
+            if not finished:
+                # Interrupted (the run was terminated) or failed mid-group: what the provider
+                # has already answered is recorded before giving up, so a released event is not
+                # sent again for nothing (twice, with a provider that ignores idempotency keys).
+                self._record_leftovers(group, done, run_id, outcome)
         if configuration_error is not None:
             raise configuration_error
 

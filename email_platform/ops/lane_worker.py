@@ -23,7 +23,7 @@ from dagster import (
 from dagster._core.scheduler.instigation import InstigatorStatus, InstigatorType
 
 from email_platform.lane_worker import LaneWorker
-from email_platform.lanes import LaneConfig
+from email_platform.lanes import LaneConfig, outbox_sensor_name
 from email_platform.ops.send import finish_with_dead_letters, make_sender, send_batch
 from email_platform.resources import AppDatabase, EmailProviderResource, LanePolicy, RoutingResource
 from email_platform.store import dead_letters
@@ -35,10 +35,6 @@ CANCEL_STATUSES = (DagsterRunStatus.CANCELING, DagsterRunStatus.CANCELED)
 
 class LaneWorkerConfig(Config):
     lane: str
-
-
-def sensor_name(lane: str) -> str:
-    return f"{lane}_outbox_sensor"
 
 
 def stop_check(
@@ -53,7 +49,7 @@ def stop_check(
     collection callback (seen here: SQLAlchemy's ``_collection_gced``), so the run's status is
     read as well.
     """
-    name = sensor_name(lane)
+    name = outbox_sensor_name(lane)
     state: dict = {"checked": 0.0, "reason": None}
 
     def why() -> str | None:
@@ -61,19 +57,15 @@ def stop_check(
         if now - state["checked"] >= STOP_CHECK_EVERY_S:
             state["checked"] = now
             run = instance.get_run_by_id(run_id)
+            if run is not None and run.status in CANCEL_STATUSES:
+                state["reason"] = "canceled"
             # An ephemeral instance (tests, in-process runs) has no sensors to stop.
-            states = (
-                instance.all_instigator_state(
+            elif instance.schedule_storage is not None and any(
+                s.instigator_name == name and s.status == InstigatorStatus.STOPPED
+                for s in instance.all_instigator_state(
                     repository_origin_id=repository_origin_id,
                     instigator_type=InstigatorType.SENSOR,
                 )
-                if instance.schedule_storage is not None
-                else []
-            )
-            if run is not None and run.status in CANCEL_STATUSES:
-                state["reason"] = "canceled"
-            elif any(
-                s.instigator_name == name and s.status == InstigatorStatus.STOPPED for s in states
             ):
                 state["reason"] = "paused"
         return state["reason"]

@@ -20,7 +20,7 @@ from sqlalchemy import Row
 
 from email_platform.ids import new_ulid
 from email_platform.jobs import lane_worker_job, send_email_job
-from email_platform.lanes import DEFAULT_LANE_CONFIGS, LANES, Lane, LaneConfig
+from email_platform.lanes import DEFAULT_LANE_CONFIGS, LANES, Lane, LaneConfig, outbox_sensor_name
 from email_platform.resources import AppDatabase, LanePolicy
 from email_platform.store import lane_workers, outbox
 from email_platform.timeutil import as_utc, utcnow
@@ -174,7 +174,7 @@ def make_outbox_sensor(lane: Lane) -> SensorDefinition:
     defaults = DEFAULT_LANE_CONFIGS[lane]
 
     @sensor(
-        name=f"{lane.value}_outbox_sensor",
+        name=outbox_sensor_name(lane.value),
         jobs=[send_email_job, lane_worker_job],
         minimum_interval_seconds=defaults.interval_s,
         default_status=DefaultSensorStatus.RUNNING,
