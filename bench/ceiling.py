@@ -1,9 +1,11 @@
 """The ceiling: a bare loop with no scheduler at all, against the same database and sandbox.
 
 ``python -m bench.ceiling --database-url URL --sandbox-url URL [--batch-size 2000]
-[--concurrency 32]`` loops until stopped: claim a batch of due outbox events (the same atomic
-claim as the send op), route and render them with the shipped routes and templates, send them
-on keep-alive connections from a thread pool, then mark them sent in one transaction per batch
+[--concurrency 32] [--provider-batch 100]`` loops until stopped: claim a batch of due outbox
+events (the same atomic claim as the send op), route and render them with the shipped routes and
+templates, send them on keep-alive connections from a thread pool (``--provider-batch`` messages
+per call, as the real path does; 1 = a call per message), then mark them sent in one transaction
+per batch
 (one ``email_messages`` row each, with its ``sent_at``, and the events done). No attempts table,
 no dedupe, no suppressions, no retries: it is the upper bound the real path is measured against,
 not a sender anyone should run. ``bench.send`` starts it in its own process.
@@ -20,7 +22,7 @@ from sqlalchemy import Engine, Row, insert, select
 from email_platform.db.engine import make_engine
 from email_platform.db.schema import email_messages
 from email_platform.db.schema import email_outbox as outbox_table
-from email_platform.providers.base import OutgoingEmail
+from email_platform.providers.base import Accepted, OutgoingEmail
 from email_platform.providers.sandbox import SandboxProvider
 from email_platform.recipients import SqlDirectoryResolver
 from email_platform.rendering import PACKAGE_TEMPLATES, TemplateRenderer
@@ -95,10 +97,14 @@ def message_row(event: Row, route: Any, email: OutgoingEmail, provider_id: str) 
     }
 
 
-def run(database_url: str, sandbox_url: str, batch_size: int, concurrency: int) -> None:
+def run(
+    database_url: str, sandbox_url: str, batch_size: int, concurrency: int, provider_batch: int
+) -> None:
     engine = make_engine(database_url)
     mailer = Mailer(engine)
-    provider = SandboxProvider(sandbox_url, max_connections=concurrency, timeout_s=30)
+    provider = SandboxProvider(
+        sandbox_url, max_connections=concurrency, timeout_s=30, batch_max=provider_batch
+    )
     stop = False
 
     def _stop(*_: Any) -> None:
@@ -135,12 +141,23 @@ def run(database_url: str, sandbox_url: str, batch_size: int, concurrency: int) 
                 for route, email in mailer.emails_for(event)
             ]
 
-            def send(item: tuple) -> dict:
-                event, route, email = item
-                accepted = provider.send(email)
-                return message_row(event, route, email, accepted.provider_message_id)
+            def send(items: list[tuple]) -> list[dict]:
+                if len(items) == 1:
+                    results: list[Any] = [provider.send(items[0][2])]
+                else:
+                    results = provider.send_many([email for _, _, email in items])
+                rows = []
+                for (event, route, email), accepted in zip(items, results, strict=True):
+                    if not isinstance(accepted, Accepted):
+                        raise accepted
+                    rows.append(message_row(event, route, email, accepted.provider_message_id))
+                return rows
 
-            rows = list(pool.map(send, work))
+            # The same split as the real path: up to the provider's limit a call, but no fewer
+            # calls than the thread pool can keep in flight.
+            per_call = max(1, min(provider.batch_max, -(-len(work) // concurrency)))
+            chunks = [work[i : i + per_call] for i in range(0, len(work), per_call)]
+            rows = [row for chunk_rows in pool.map(send, chunks) for row in chunk_rows]
             with engine.begin() as connection:
                 connection.execute(insert(email_messages), rows)
                 outbox.finish(
@@ -159,8 +176,9 @@ def main() -> None:
     parser.add_argument("--sandbox-url", required=True)
     parser.add_argument("--batch-size", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--provider-batch", type=int, default=100)
     args = parser.parse_args()
-    run(args.database_url, args.sandbox_url, args.batch_size, args.concurrency)
+    run(args.database_url, args.sandbox_url, args.batch_size, args.concurrency, args.provider_batch)
 
 
 if __name__ == "__main__":

@@ -414,6 +414,8 @@ class Settings:
     bulk_runs: int
     timeout_s: float
     workdir: Path
+    #: Messages per sandbox call for Dagster and the ceiling (1 = a call per message).
+    provider_batch: int = 100
     users_n: int = 500
 
 
@@ -497,6 +499,7 @@ def run_dagster(
     critical_per_s: float,
     *,
     workers: bool = True,
+    provider_batch: int | None = None,
 ) -> Result:
     dagster_db = f"bench_dagster_{os.getpid()}_{int(time.time())}_{batch_size}"
     dagster_url = create_database(dagster_db)
@@ -533,6 +536,7 @@ def run_dagster(
             "EMAIL_PLATFORM_DATABASE_URL": app_url,
             "EMAIL_PLATFORM_PROVIDER": "sandbox",
             "EMAIL_PLATFORM_SANDBOX_BASE_URL": sandbox_url,
+            "EMAIL_PLATFORM_SANDBOX_BATCH_MAX": str(provider_batch or settings.provider_batch),
             "EMAIL_PLATFORM_LANES": json.dumps(lanes),
         }
         daemon = DaemonProcess(home, env).start()
@@ -611,6 +615,8 @@ def run_ceiling(settings: Settings) -> Result:
                 str(settings.batch_size),
                 "--concurrency",
                 str(settings.concurrency),
+                "--provider-batch",
+                str(settings.provider_batch),
             ],
             {},
             work / "ceiling.log",
@@ -734,20 +740,22 @@ def compare(args: argparse.Namespace) -> int:
         bulk_runs=args.bulk_runs,
         timeout_s=args.timeout_s,
         workdir=workdir,
+        provider_batch=args.provider_batch,
     )
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     by_system: dict[str, list[Result]] = {}
     for repeat in range(args.repeats):
         for system in systems:
             print(f"[repeat {repeat + 1}/{args.repeats}] {system}", file=sys.stderr, flush=True)
-            if system in ("dagster", "dagster-batch"):
+            if system in ("dagster", "dagster-batch", "dagster-single"):
                 result = run_dagster(
                     settings,
                     settings.events,
                     settings.batch_size,
                     system,
                     args.critical_per_s,
-                    workers=system == "dagster",
+                    workers=system != "dagster-batch",
+                    provider_batch=1 if system == "dagster-single" else None,
                 )
             elif system == "celery":
                 result = run_celery(settings)
@@ -771,7 +779,8 @@ def compare(args: argparse.Namespace) -> int:
     print(
         f"\n{settings.events} bulk events + critical trickle at {settings.critical_per_s}/s; "
         f"bulk batch {settings.batch_size}, concurrency {settings.concurrency}, "
-        f"{settings.bulk_runs} bulk runs at once; median of {args.repeats} repeat(s). "
+        f"{settings.bulk_runs} bulk runs at once; {settings.provider_batch} messages per sandbox "
+        f"call (Dagster, ceiling; Celery sends one per task); median of {args.repeats} repeat(s). "
         f"CPU excludes the sandbox, PostgreSQL and Redis."
     )
     ours = figures.get("dagster")
@@ -793,6 +802,7 @@ def compare(args: argparse.Namespace) -> int:
             "batch_size": settings.batch_size,
             "concurrency": settings.concurrency,
             "bulk_runs": settings.bulk_runs,
+            "provider_batch": settings.provider_batch,
             "repeats": args.repeats,
             "dagster_storage": "postgresql",
             "app_database": "postgresql",
@@ -840,7 +850,12 @@ def hotpath(args: argparse.Namespace) -> int:
             ids = connection.execute(select(email_outbox.c.event_id)).scalars().all()
         lane = DEFAULT_LANE_CONFIGS[Lane.BULK]
         lane = type(lane)(**{**lane.__dict__, "concurrency": args.concurrency})
-        provider = SandboxProvider(sandbox.url, max_connections=args.concurrency, timeout_s=30)
+        provider = SandboxProvider(
+            sandbox.url,
+            max_connections=args.concurrency,
+            timeout_s=30,
+            batch_max=args.provider_batch,
+        )
         sender = BatchSender(
             engine=engine,
             provider=provider,
@@ -881,10 +896,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=2500, help="bulk lane batch size")
     parser.add_argument("--concurrency", type=int, default=32, help="in-flight sends per run")
     parser.add_argument(
+        "--provider-batch",
+        type=int,
+        default=100,
+        help="messages per sandbox call for Dagster and the ceiling (1: a call per message)",
+    )
+    parser.add_argument(
         "--bulk-runs", type=int, default=2, help="bulk workers (batch runs: runs at once)"
     )
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--systems", default="dagster,dagster-batch,celery,ceiling")
+    parser.add_argument("--systems", default="dagster,dagster-single,dagster-batch,celery,ceiling")
     parser.add_argument(
         "--per-event-events",
         type=int,

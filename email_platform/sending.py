@@ -27,7 +27,12 @@ from email_platform.errors import (
     UnknownEventVersionError,
 )
 from email_platform.lanes import LaneConfig
-from email_platform.providers.base import Accepted, EmailProvider, OutgoingEmail
+from email_platform.providers.base import (
+    Accepted,
+    BatchingProvider,
+    EmailProvider,
+    OutgoingEmail,
+)
 from email_platform.recipients import RecipientResolver
 from email_platform.rendering import TemplateRenderer
 from email_platform.routes import Route, RouteTable
@@ -115,6 +120,21 @@ def _next_group(done: SimpleQueue[_Sent | None], running: int) -> tuple[list[_Se
             sent = done.get_nowait()
         except Empty:
             return group, exited
+
+
+def _take(todo: SimpleQueue[_Work | None], count: int) -> tuple[list[_Work], bool]:
+    """Up to ``count`` queued messages, and whether this worker's end marker came with them.
+
+    The queue is filled before the workers start, with one end marker per worker after the
+    messages, so a worker never waits here for more than the queue's lock.
+    """
+    items: list[_Work] = []
+    while len(items) < count:
+        item = todo.get()
+        if item is None:
+            return items, True
+        items.append(item)
+    return items, False
 
 
 class BatchSender:
@@ -464,14 +484,21 @@ class BatchSender:
         todo: SimpleQueue[_Work | None] = SimpleQueue()
         done: SimpleQueue[_Sent | None] = SimpleQueue()
         stop = threading.Event()
-        workers = min(max(1, self.lane.concurrency), len(work))
+        concurrency = max(1, self.lane.concurrency)
+        # Where the provider takes several messages a call, each call carries up to its limit,
+        # but never so many that fewer calls than the lane's concurrency are left in flight.
+        per_call = max(1, min(self._batch_max(), -(-len(work) // concurrency)))
+        workers = min(concurrency, -(-len(work) // per_call))
         for item in work:
             todo.put(item)
         for _ in range(workers):
             todo.put(None)
         threads = [
             threading.Thread(
-                target=self._send_worker, args=(todo, done, stop), name=f"send-{i}", daemon=True
+                target=self._send_worker,
+                args=(todo, done, stop, per_call),
+                name=f"send-{i}",
+                daemon=True,
             )
             for i in range(workers)
         ]
@@ -544,21 +571,33 @@ class BatchSender:
         except Exception as exc:  # the database may be what failed; the keys still guard
             self.log.warning(f"interrupted: could not record {len(leftovers)} outcome(s): {exc}")
 
+    def _batch_max(self) -> int:
+        if isinstance(self.provider, BatchingProvider):
+            return max(1, self.provider.batch_max)
+        return 1
+
     def _send_worker(
         self,
         todo: SimpleQueue[_Work | None],
         done: SimpleQueue[_Sent | None],
         stop: threading.Event,
+        per_call: int,
     ) -> None:
         try:
-            while (
-                not stop.is_set() and not self.cancel.is_set() and (item := todo.get()) is not None
-            ):
+            last = False
+            while not last and not stop.is_set() and not self.cancel.is_set():
+                items, last = _take(todo, per_call)
+                if not items:
+                    continue
                 started = utcnow()
-                result = self._attempt(item.email)
-                if isinstance(result, ConfigurationError):
-                    stop.set()  # every further send would fail the same way
-                done.put(_Sent(item, started, result))
+                if per_call == 1:
+                    results = [self._attempt(items[0].email)]
+                else:
+                    results = self._attempt_many([item.email for item in items])
+                for item, result in zip(items, results, strict=True):
+                    if isinstance(result, ConfigurationError):
+                        stop.set()  # every further send would fail the same way
+                    done.put(_Sent(item, started, result))
         finally:
             done.put(None)  # this worker is finished
 
@@ -569,6 +608,23 @@ class BatchSender:
             return error
         except Exception as exc:  # the provider raised: classify, never let one message sink all
             return classify_exception(exc)
+
+    def _attempt_many(
+        self, emails: list[OutgoingEmail]
+    ) -> Sequence[Accepted | DeliveryError | ConfigurationError]:
+        assert isinstance(self.provider, BatchingProvider)
+        try:
+            results = self.provider.send_many(emails)
+        except ConfigurationError as error:
+            return [error] * len(emails)
+        except Exception as exc:  # as in ``_attempt``: the call's failure is each message's
+            return [classify_exception(exc)] * len(emails)
+        if len(results) != len(emails):
+            error = TransientError(
+                f"{len(results)} answers to {len(emails)} messages", code="unreadable_response"
+            )
+            return [error] * len(emails)
+        return results
 
     def _record_accepted(
         self,

@@ -104,6 +104,8 @@ def test_accept_records_message_and_filters_by_event(client: httpx.Client) -> No
     assert messages(client, event_id="nope") == []
     assert stats(client) == {
         "requests": 2,
+        "batch_requests": 0,
+        "send_attempts": 2,
         "accepted": 2,
         "repeated_keys": 0,
         "faults": dict.fromkeys(
@@ -349,3 +351,129 @@ def test_seeded_random_rates_are_reproducible_and_counted() -> None:
         assert retried.status_code == 200
         r429 = next(r for r in (send(c, f"fresh-{i}") for i in range(100)) if r.status_code == 429)
         assert r429.headers["retry-after"] == "0.5"
+
+
+# ---- POST /v1/send/batch ----------------------------------------------------------------------
+
+
+def batch(client: httpx.Client, items: list[tuple[str, dict]], **kw: Any) -> httpx.Response:
+    """One batch call; ``items`` are (idempotency key, body)."""
+    body = {"messages": [{**b, "idempotency_key": k} for k, b in items]}
+    return client.post("/v1/send/batch", json=body, **kw)
+
+
+def test_batch_accepts_each_message_in_order_with_its_own_key(client: httpx.Client) -> None:
+    items = [(f"bk{i}", payload(to=f"u{i}@example.com", event_id=f"evt_{i}")) for i in range(5)]
+    answer = batch(client, items)
+    assert answer.status_code == 200
+    results = answer.json()["results"]
+    assert [r["status"] for r in results] == [200] * 5
+    assert [r["replayed"] for r in results] == [False] * 5
+    listed = messages(client)
+    assert [(m["idempotency_key"], m["to"], m["id"]) for m in listed] == [
+        (f"bk{i}", f"u{i}@example.com", results[i]["id"]) for i in range(5)
+    ]
+    assert listed[2]["metadata"] == {"event_id": "evt_2", "idempotency_key": "idem-evt_2"}
+    counts = stats(client)
+    assert (counts["requests"], counts["batch_requests"], counts["send_attempts"]) == (1, 1, 5)
+    assert counts["accepted"] == 5
+
+
+def test_batch_honours_keys_across_calls_and_within_one_call(client: httpx.Client) -> None:
+    single = send(client, "kA", payload(event_id="evt_a"))
+    answer = batch(
+        client,
+        [
+            ("kA", payload(event_id="evt_a")),  # accepted before by a single send
+            ("kB", payload(event_id="evt_b")),
+            ("kB", payload(event_id="evt_b")),  # the same key twice in one call
+        ],
+    ).json()["results"]
+    assert answer[0] == {**single.json(), "status": 200, "replayed": True}
+    assert answer[1]["replayed"] is False
+    assert answer[2] == {**answer[1], "replayed": True}
+    assert [m["idempotency_key"] for m in messages(client)] == ["kA", "kB"]
+    assert stats(client)["repeated_keys"] == 2
+
+
+def test_batch_faults_are_per_message_and_a_retry_sends_only_what_failed(
+    client: httpx.Client,
+) -> None:
+    items = [
+        ("f1", payload(to="ok@example.com")),
+        ("f2", payload(to="slow+429x1@example.com")),
+        ("f3", payload(to="down+503x1@example.com")),
+        ("f4", payload(to="nope+reject@example.com")),
+    ]
+    first = batch(client, items).json()["results"]
+    assert [r["status"] for r in first] == [200, 429, 503, 422]
+    assert first[1]["retry_after"] == "1"
+    assert first[1]["error"]["code"] == "rate_limited"
+    assert first[3]["error"]["code"] == "invalid_recipient"
+    second = batch(client, items).json()["results"]
+    assert [r["status"] for r in second] == [200, 200, 200, 422]
+    assert second[0] == {**first[0], "replayed": True}
+    assert [m["idempotency_key"] for m in messages(client)] == ["f1", "f2", "f3"]
+    assert stats(client)["faults"]["429"] == 1 and stats(client)["faults"]["422"] == 2
+
+
+def test_batch_with_an_accept_timeout_stalls_the_whole_answer_and_keeps_what_it_accepted(
+    client: httpx.Client,
+) -> None:
+    items = [("t1", payload(to="a@example.com")), ("t2", payload(to="b+accepttimeoutx1@x.com"))]
+    with pytest.raises(httpx.ReadTimeout):
+        batch(client, items, timeout=TIMEOUT_DELAY_S / 3)
+    # Both were accepted before the answer stalled; the retry creates nothing new.
+    assert [m["idempotency_key"] for m in messages(client)] == ["t1", "t2"]
+    retry = batch(client, items).json()["results"]
+    assert [(r["status"], r["replayed"]) for r in retry] == [(200, True), (200, True)]
+    assert len(messages(client)) == 2
+
+
+def test_batch_timeout_fault_records_nothing_for_that_message(client: httpx.Client) -> None:
+    started = time.monotonic()
+    answer = batch(
+        client, [("w1", payload(to="a@example.com")), ("w2", payload(to="b+timeoutx1@x.com"))]
+    ).json()["results"]
+    assert time.monotonic() - started >= TIMEOUT_DELAY_S
+    assert [r["status"] for r in answer] == [200, 503]
+    assert [m["idempotency_key"] for m in messages(client)] == ["w1"]
+
+
+def test_batch_validation(client: httpx.Client) -> None:
+    for body, code in (
+        ({"messages": []}, "invalid_request"),
+        ({"messages": "x"}, "invalid_request"),
+        ([], "invalid_request"),
+        (
+            {"messages": [{**payload(), "idempotency_key": f"v{i}"} for i in range(501)]},
+            "batch_too_large",
+        ),
+    ):
+        answer = client.post("/v1/send/batch", json=body)
+        assert answer.status_code == 422 and answer.json()["error"]["code"] == code
+    assert client.post("/v1/send/batch", content=b"{no").status_code == 400
+    results = client.post(
+        "/v1/send/batch",
+        json={
+            "messages": [
+                payload(),  # no key
+                {**payload(to="not-an-address"), "idempotency_key": "v-bad"},
+                {**payload(), "idempotency_key": "v-good"},
+            ]
+        },
+    ).json()["results"]
+    assert [(r["status"], r.get("error", {}).get("code")) for r in results] == [
+        (400, "missing_idempotency_key"),
+        (422, "invalid_recipient"),
+        (200, None),
+    ]
+    assert [m["idempotency_key"] for m in messages(client)] == ["v-good"]
+
+
+def test_api_key_enforced_on_batch() -> None:
+    with SandboxServer(SandboxConfig(api_key="s3cret")) as url, httpx.Client(base_url=url) as c:
+        items = [("a1", payload())]
+        assert batch(c, items).status_code == 401
+        ok = batch(c, items, headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200 and ok.json()["results"][0]["status"] == 200

@@ -101,7 +101,7 @@ def test_same_event_in_two_concurrent_batches_is_sent_once(engine, database_url,
     stats = sandbox_stats(sandbox.base_url)
     keys = [m["idempotency_key"] for m in sandbox_messages(sandbox.base_url)]
     assert sorted(keys) == sorted(f"{i}:welcome" for i in ids)
-    assert stats["requests"] == 30 and stats["accepted"] == 30
+    assert stats["send_attempts"] == 30 and stats["accepted"] == 30
     for event_id in ids:
         assert len(attempts_of(engine, event_id)) == 1
 

@@ -2,8 +2,11 @@
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
+
+from email_platform.errors import DeliveryError
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,21 @@ class EmailProvider(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class BatchingProvider(Protocol):
+    """A provider that can also take several messages in one call (``batch_max`` > 1).
+
+    ``send_many`` returns one result per message, in order, and never raises for a message's
+    failure: a failure of the whole call (network, timeout, non-2xx) is every message's result.
+    Only adapters whose provider honours a per-message idempotency key inside a batch batch:
+    a retried call must not send what the lost answer had already accepted.
+    """
+
+    batch_max: int
+
+    def send_many(self, emails: Sequence[OutgoingEmail]) -> list[Accepted | DeliveryError]: ...
+
+
 class RateLimiter:
     """Token bucket shared by the concurrent sends of one run (0 = unlimited)."""
 
@@ -51,13 +69,14 @@ class RateLimiter:
         self._lock = threading.Lock()
         self._next_slot = time.monotonic()
 
-    def acquire(self) -> None:
+    def acquire(self, count: int = 1) -> None:
+        """Wait for ``count`` messages' worth of tokens (a batch call takes one per message)."""
         if self.per_second <= 0:
             return
         with self._lock:
             now = time.monotonic()
             slot = max(self._next_slot, now)
-            self._next_slot = slot + 1.0 / self.per_second
+            self._next_slot = slot + count / self.per_second
         delay = slot - now
         if delay > 0:
             time.sleep(delay)

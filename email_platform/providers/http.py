@@ -4,7 +4,7 @@ permanent. An adapter only says how to build its request and how to read its ans
 """
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +81,19 @@ class HttpProvider:
         """Read the provider's message id from a 2xx answer."""
         raise NotImplementedError
 
+    #: Most messages one ``send_many`` call takes; 1: the adapter has no batch call.
+    batch_max = 1
+
+    def build_batch_request(self, emails: Sequence[OutgoingEmail]) -> ProviderRequest:
+        """One call for ``emails``, when ``batch_max`` > 1."""
+        raise NotImplementedError
+
+    def batch_results(
+        self, response: httpx.Response, emails: Sequence[OutgoingEmail]
+    ) -> list[Accepted | DeliveryError]:
+        """Each email's outcome from a 2xx answer to a batch call, in order."""
+        raise NotImplementedError
+
     def error_of(self, response: httpx.Response) -> tuple[str | None, str]:
         """The provider's error code and message from a non-2xx answer."""
         try:
@@ -109,9 +122,38 @@ class HttpProvider:
     def send(self, email: OutgoingEmail) -> Accepted:
         request = self.build_request(email)
         self.limiter.acquire()
+        response = self._call(request)
+        if 200 <= response.status_code < 300:
+            try:
+                return self.accepted(response)
+            except (ValueError, KeyError, TypeError) as exc:
+                raise self._unreadable(response) from exc
+        raise self.classify(response)
+
+    def send_many(self, emails: Sequence[OutgoingEmail]) -> list[Accepted | DeliveryError]:
+        """Send ``emails`` in one call (see ``base.BatchingProvider``)."""
+        if len(emails) > self.batch_max:
+            raise ValueError(f"{len(emails)} emails; {self.name} takes {self.batch_max} a call")
+        request = self.build_batch_request(emails)
+        self.limiter.acquire(len(emails))
+        try:
+            response = self._call(request)
+        except DeliveryError as error:
+            return [error] * len(emails)
+        if not 200 <= response.status_code < 300:
+            return [self.classify(response)] * len(emails)
+        try:
+            results = self.batch_results(response, emails)
+        except (ValueError, KeyError, TypeError):
+            return [self._unreadable(response)] * len(emails)
+        if len(results) != len(emails):
+            return [self._unreadable(response)] * len(emails)
+        return results
+
+    def _call(self, request: ProviderRequest) -> httpx.Response:
         client = self._checkout()
         try:
-            response = client.request(
+            return client.request(
                 request.method,
                 self._url(request.path),
                 headers=request.headers,
@@ -123,17 +165,14 @@ class HttpProvider:
             raise classify_exception(exc) from exc
         finally:
             self._checkin(client)
-        if 200 <= response.status_code < 300:
-            try:
-                return self.accepted(response)
-            except (ValueError, KeyError, TypeError) as exc:
-                # Accepted or not, we cannot tell: retrying under the same key is the safe side.
-                raise TransientError(
-                    f"unreadable {response.status_code} answer from {self.name}",
-                    status_code=response.status_code,
-                    code="unreadable_response",
-                ) from exc
-        raise self.classify(response)
+
+    def _unreadable(self, response: httpx.Response) -> TransientError:
+        # Accepted or not, we cannot tell: retrying under the same key is the safe side.
+        return TransientError(
+            f"unreadable {response.status_code} answer from {self.name}",
+            status_code=response.status_code,
+            code="unreadable_response",
+        )
 
     def _url(self, path: str) -> httpx.URL:
         """``path`` joined to the base URL the client's own way, parsed once per path.

@@ -22,8 +22,14 @@ Behaviour worth knowing when writing tests against it:
 * ``timeout`` stalls ``timeout_delay_s`` and then answers 503 (nothing recorded);
   ``accept_timeout`` records the message first and then stalls before answering 200, which
   is the "provider accepted but the client gave up" case that idempotency must absorb.
-* ``api_key`` only guards ``/v1/send``; the ``/_sandbox/*`` control endpoints stay open so a
-  test harness can inspect the server without knowing the key.
+* ``POST /v1/send/batch`` takes ``{"messages": [...]}`` (1 to ``BATCH_MAX`` messages, each the
+  body ``/v1/send`` takes plus its own ``idempotency_key``) and answers 200 with one result per
+  message, in order: ``{"status": 200, "id", "accepted_at", "replayed"}`` or ``{"status": 429 |
+  5xx | 4xx, "error": {...}, "retry_after"}``. Each message goes through the same keys and faults
+  as a single send. A ``timeout`` or ``accept_timeout`` fault on any message stalls the whole
+  answer, as a slow provider would; what was accepted before the stall stays accepted.
+* ``api_key`` only guards the send endpoints; the ``/_sandbox/*`` control endpoints stay open so
+  a test harness can inspect the server without knowing the key.
 """
 
 from __future__ import annotations
@@ -78,6 +84,8 @@ _DIRECTIVE_RE = re.compile(r"^(429|500|503|timeout|accepttimeout|reject|400|401)
 _DIRECTIVE_KIND = {"accepttimeout": "accept_timeout", "reject": "422"}
 
 _JSON = "application/json"
+#: Most messages one ``/v1/send/batch`` call takes (Postmark's batch endpoint takes 500 too).
+BATCH_MAX = 500
 
 
 def _dumps(obj: Any) -> bytes:
@@ -178,6 +186,9 @@ class _SandboxState:
             self.attempts: dict[str, int] = {}
             self.rules: list[_FaultRule] = []
             self.requests = 0
+            self.batch_requests = 0
+            #: Messages offered for sending, alone or in a batch, replays of a key included.
+            self.send_attempts = 0
             self.repeated_keys = 0
             self.faults = dict.fromkeys(FAULT_KINDS, 0)
 
@@ -223,7 +234,25 @@ class _SandboxState:
             return self.pick_random_fault()
         return None
 
-    def accept(self, key: str, payload: dict[str, Any]) -> bytes:
+    def decide(
+        self, key: str, payload: dict[str, Any]
+    ) -> tuple[tuple[int, bytes] | None, str | None, dict[str, Any] | None]:
+        """One attempt of one valid message: (stored answer of a repeated key, fault, answer of
+        a new acceptance). Takes ``lock``; a message is accepted at most once per key."""
+        event_id = (payload.get("metadata") or {}).get("event_id")
+        with self.lock:
+            self.send_attempts += 1
+            stored = self.answers.get(key)
+            if stored is not None:
+                self.repeated_keys += 1
+                return stored, None, None
+            fault = self.pick_fault(key, payload["to"], event_id)
+            if fault is not None:
+                self.faults[fault] += 1
+            answer = self.accept(key, payload) if fault in (None, "accept_timeout") else None
+            return None, fault, answer
+
+    def accept(self, key: str, payload: dict[str, Any]) -> dict[str, Any]:
         """Record the message and store its replayable answer; caller holds ``lock``."""
         accepted_at = datetime.now(UTC).isoformat()
         message_id = "sbx_" + os.urandom(12).hex()
@@ -242,17 +271,19 @@ class _SandboxState:
                 "accepted_at": accepted_at,
             }
         )
-        body = _dumps({"id": message_id, "accepted_at": accepted_at})
-        self.answers[key] = (200, body)
+        answer = {"id": message_id, "accepted_at": accepted_at}
+        self.answers[key] = (200, _dumps(answer))
         self.attempts.pop(key, None)
         if self.emitter is not None:
             self.emitter.schedule(self.messages[-1])
-        return body
+        return answer
 
     def stats(self) -> dict[str, Any]:
         with self.lock:
             return {
                 "requests": self.requests,
+                "batch_requests": self.batch_requests,
+                "send_attempts": self.send_attempts,
                 "accepted": len(self.messages),
                 "repeated_keys": self.repeated_keys,
                 "faults": dict(self.faults),
@@ -284,16 +315,33 @@ def _validate(payload: Any) -> Response | None:
     return None
 
 
-def _fault_response(kind: str, retry_after: str) -> Response:
+_FAULT_ANSWER: dict[str, tuple[int, str, str]] = {
+    "429": (429, "rate_limited", "rate limit exceeded"),
+    "500": (500, "server_error", "provider error"),
+    "503": (503, "server_error", "provider error"),
+    "timeout": (503, "server_error", "provider error"),
+    "422": (422, "invalid_recipient", "recipient rejected by provider"),
+    "401": (401, "unauthorized", "invalid API key"),
+    "400": (400, "bad_request", "request rejected by provider"),
+}
+
+
+def _batch_fault(kind: str, retry_after: str) -> dict[str, Any]:
+    """A fault as one result of a batch answer: the single send's status, code and message."""
+    status, code, message = _FAULT_ANSWER[kind]
+    result: dict[str, Any] = {"status": status, "error": {"code": code, "message": message}}
     if kind == "429":
-        return _error(429, "rate_limited", "rate limit exceeded", {"Retry-After": retry_after})
-    if kind in ("500", "503", "timeout"):
-        return _error(503 if kind == "timeout" else int(kind), "server_error", "provider error")
-    if kind == "422":
-        return _error(422, "invalid_recipient", "recipient rejected by provider")
-    if kind == "401":
-        return _error(401, "unauthorized", "invalid API key")
-    return _error(400, "bad_request", "request rejected by provider")
+        result["retry_after"] = retry_after
+    return result
+
+
+def _batch_error(status: int, code: str, message: str) -> dict[str, Any]:
+    return {"status": status, "error": {"code": code, "message": message}}
+
+
+def _fault_response(kind: str, retry_after: str) -> Response:
+    status, code, message = _FAULT_ANSWER[kind]
+    return _error(status, code, message, {"Retry-After": retry_after} if kind == "429" else None)
 
 
 def create_app(config: SandboxConfig) -> Starlette:
@@ -322,6 +370,7 @@ def create_app(config: SandboxConfig) -> Starlette:
         with state.lock:
             stored = state.answers.get(key)
             if stored is not None:
+                state.send_attempts += 1
                 state.repeated_keys += 1
         if stored is not None:
             status, body = stored
@@ -338,22 +387,10 @@ def create_app(config: SandboxConfig) -> Starlette:
         if invalid is not None:
             return invalid
 
-        metadata = payload.get("metadata") or {}
-        event_id = metadata.get("event_id")
-        body = b""
-        with state.lock:
-            # Re-check: a concurrent request with this key may have been accepted while this
-            # one was reading its body.
-            stored = state.answers.get(key)
-            if stored is not None:
-                state.repeated_keys += 1
-                fault = None
-            else:
-                fault = state.pick_fault(key, payload["to"], event_id)
-                if fault is not None:
-                    state.faults[fault] += 1
-                if fault is None or fault == "accept_timeout":
-                    body = state.accept(key, payload)
+        # Re-checks the key: a concurrent request with it may have been accepted while this one
+        # was reading its body.
+        stored, fault, answer = state.decide(key, payload)
+        body = _dumps(answer) if answer is not None else b""
         if stored is not None:
             return Response(
                 stored[1],
@@ -368,6 +405,54 @@ def create_app(config: SandboxConfig) -> Starlette:
             if fault == "accept_timeout":
                 return Response(body, media_type=_JSON)
         return _fault_response(fault, retry_after)
+
+    async def send_batch(request: Request) -> Response:
+        with state.lock:
+            state.requests += 1
+            state.batch_requests += 1
+        if latency_s:
+            await asyncio.sleep(latency_s)
+        if expected_auth is not None:
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected_auth):
+                return _error(401, "unauthorized", "missing or invalid API key")
+        try:
+            payload = json.loads(await request.body())
+        except (ValueError, UnicodeDecodeError):
+            return _error(400, "invalid_json", "request body is not valid JSON")
+        items = payload.get("messages") if isinstance(payload, dict) else None
+        if not isinstance(items, list) or not items:
+            return _error(422, "invalid_request", "body must be {'messages': [...]}, not empty")
+        if len(items) > BATCH_MAX:
+            return _error(
+                422, "batch_too_large", f"{len(items)} messages; a batch takes at most {BATCH_MAX}"
+            )
+        results: list[dict[str, Any]] = []
+        stall = False
+        for item in items:
+            key = item.get("idempotency_key") if isinstance(item, dict) else None
+            if not isinstance(key, str) or not key.strip():
+                results.append(
+                    _batch_error(400, "missing_idempotency_key", "idempotency_key is required")
+                )
+                continue
+            invalid = _validate(item)
+            if invalid is not None:
+                error = json.loads(invalid.body)["error"]
+                results.append(_batch_error(invalid.status_code, error["code"], error["message"]))
+                continue
+            stored, fault, answer = state.decide(key.strip(), item)
+            if stored is not None:
+                status, stored_body = stored
+                results.append({"status": status, **json.loads(stored_body), "replayed": True})
+            elif answer is not None:
+                results.append({"status": 200, **answer, "replayed": False})
+            else:
+                results.append(_batch_fault(fault, retry_after))
+            stall = stall or fault in ("timeout", "accept_timeout")
+        if stall:
+            await asyncio.sleep(config.timeout_delay_s)
+        return _json(200, {"results": results})
 
     async def list_messages(request: Request) -> Response:
         event_id = request.query_params.get("event_id")
@@ -412,6 +497,7 @@ def create_app(config: SandboxConfig) -> Starlette:
     app = Starlette(
         routes=[
             Route("/v1/send", send, methods=["POST"]),
+            Route("/v1/send/batch", send_batch, methods=["POST"]),
             Route("/_sandbox/messages", list_messages, methods=["GET"]),
             Route("/_sandbox/stats", stats, methods=["GET"]),
             Route("/_sandbox/faults", add_faults, methods=["POST"]),
