@@ -511,6 +511,9 @@ def run_dagster(
             "concurrency": settings.concurrency,
             "max_runs_per_tick": min(runs_per_tick, 50),
             "workers": settings.bulk_runs,
+            # Resident and waiting before the backlog lands, as the Celery worker and the
+            # ceiling loop are: the comparison is of sending, not of starting a process.
+            "warm_workers": settings.bulk_runs,
         },
     }
     if not workers:

@@ -120,7 +120,11 @@ class LaneWorker:
                 self.result.reason = "lifetime"
             elif self.cancel.is_set():
                 self.result.reason = "canceled"
-            elif not self._retries and now - idle_since >= self.lane.worker_idle_s:
+            elif (
+                not self._retries
+                and not self.lane.warm_workers
+                and now - idle_since >= self.lane.worker_idle_s
+            ):
                 self.result.reason = "idle"
             else:
                 self.result.reason = self.should_stop() or ""

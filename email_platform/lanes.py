@@ -50,6 +50,11 @@ class LaneConfig:
     worker_lifetime_s: int = 900
     #: A worker that found nothing to do for this long ends (the sensor starts one on new work).
     worker_idle_s: int = 120
+    #: Workers kept running with nothing due, like a Celery worker waiting on its queue: the
+    #: first event after a quiet spell waits for no sensor tick and no run start. With any warm
+    #: worker the lane's workers do not end for being idle (only at their lifetime, with a
+    #: successor). 0 to ``workers``.
+    warm_workers: int = 0
 
 
 DEFAULT_LANE_CONFIGS: dict[Lane, LaneConfig] = {

@@ -28,6 +28,7 @@ from dagster import (
 )
 from sqlalchemy import Engine
 
+from email_platform.errors import ConfigurationError
 from email_platform.lane_worker import LaneWorker
 from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane, LaneConfig
 from email_platform.providers.sandbox import SandboxProvider
@@ -361,6 +362,47 @@ def test_sensor_starts_one_worker_when_work_waits_and_a_successor_near_its_end(
         # workers=0: the lane goes back to one launched run per batch.
         batch = _sensor_tick(instance, database_url, '{"critical": {"workers": 0}}')
         assert [r.job_name for r in batch.run_requests] == ["send_email_job"]
+
+
+def test_sensor_keeps_warm_workers_running_with_nothing_due(engine, database_url):
+    from email_platform.definitions import defs
+
+    warm = '{"critical": {"workers": 2, "warm_workers": 1}}'
+    with DagsterInstance.ephemeral() as instance:
+        # Nothing due: without warm workers the lane has none, with one warm worker it gets one.
+        assert isinstance(_sensor_tick(instance, database_url), SkipReason)
+        (request,) = _sensor_tick(instance, database_url, warm).run_requests
+        instance.create_run_for_job(
+            defs.get_job_def("lane_worker_job"),
+            run_config=request.run_config,
+            tags=request.tags,
+            status=DagsterRunStatus.STARTED,
+        )
+        assert isinstance(_sensor_tick(instance, database_url, warm), SkipReason)
+        # Work waits: the lane grows to ``workers``.
+        _reset(engine, 1)
+        result = _sensor_tick(instance, database_url, warm)
+        assert isinstance(result, SensorResult) and len(result.run_requests) == 1
+    for bad in ('{"critical": {"warm_workers": 2}}', '{"critical": {"warm_workers": -1}}'):
+        with pytest.raises(ConfigurationError, match="warm_workers must be 0 to workers"):
+            LanePolicy(overrides_json=bad).config_for("critical")
+
+
+def test_a_warm_worker_does_not_end_for_being_idle(engine, sandbox):
+    lane = _lane(worker_idle_s=0.1, warm_workers=1)
+    polls: list[float] = []
+
+    def stop_after_a_while() -> str | None:
+        polls.append(time.monotonic())
+        return "paused" if len(polls) > 30 else None
+
+    worker = _worker(engine, sandbox.base_url, lane, "warm-1", should_stop=stop_after_a_while)
+    started = time.monotonic()
+    result = worker.run()
+    # It polled past its idle limit many times over and ended only when told to.
+    assert result.reason == "paused" and time.monotonic() - started > 0.3
+    cold = _worker(engine, sandbox.base_url, _lane(worker_idle_s=0.1), "cold-1").run()
+    assert cold.reason == "idle"
 
 
 def _worker_run(instance: DagsterInstance, lane: str = "critical", **kwargs):  # type: ignore[no-untyped-def]

@@ -22,9 +22,15 @@ class LanePolicy(ConfigurableResource):
         base = DEFAULT_LANE_CONFIGS[parsed]
         overrides = self._overrides().get(parsed.value, {})
         try:
-            return dataclasses.replace(base, **overrides)
+            lane_config = dataclasses.replace(base, **overrides)
         except TypeError as exc:
             raise ConfigurationError(f"lane override for {parsed.value}: {exc}") from None
+        if not 0 <= lane_config.warm_workers <= lane_config.workers:
+            raise ConfigurationError(
+                f"lane override for {parsed.value}: warm_workers must be 0 to workers "
+                f"({lane_config.workers}), got {lane_config.warm_workers}"
+            )
+        return lane_config
 
     def _overrides(self) -> dict[str, dict]:
         raw = self.overrides_json or config.lane_overrides_json()

@@ -157,17 +157,21 @@ def worker_run_request(lane: LaneConfig) -> RunRequest:
 def keep_workers(
     context: SensorEvaluationContext, app_database: AppDatabase, lane: LaneConfig
 ) -> SensorResult | SkipReason:
-    """Worker mode: start a worker run when the lane has due events and too few workers."""
+    """Worker mode: keep ``warm_workers`` running, and up to ``workers`` while events are due."""
     name = lane.lane.value
-    missing = lane.workers - live_workers(context.instance, app_database, lane, time.time())
+    live = live_workers(context.instance, app_database, lane, time.time())
+    missing = lane.workers - live
     if missing <= 0:
         return SkipReason(f"{lane.workers} {name} worker run(s) running.")
-    with app_database.get_engine().connect() as connection:
-        due = outbox.find_due(connection, name, utcnow(), 1)
-    if not due:
+    start = max(0, lane.warm_workers - live)
+    if start < missing:
+        with app_database.get_engine().connect() as connection:
+            if outbox.find_due(connection, name, utcnow(), 1):
+                start = missing
+    if not start:
         return SkipReason(f"No due {name} events in the outbox.")
-    context.log.info(f"starting {missing} {name} worker run(s)")
-    return SensorResult(run_requests=[worker_run_request(lane) for _ in range(missing)])
+    context.log.info(f"starting {start} {name} worker run(s)")
+    return SensorResult(run_requests=[worker_run_request(lane) for _ in range(start)])
 
 
 def make_outbox_sensor(lane: Lane) -> SensorDefinition:
