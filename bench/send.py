@@ -46,7 +46,7 @@ import httpx
 import psutil
 from sqlalchemy import Column, Engine, MetaData, String, Table, create_engine, func, select, text
 
-from email_platform import publish
+from email_platform import publish, publish_many
 from email_platform.db.engine import make_engine, upgrade
 from email_platform.db.schema import email_messages, email_outbox
 from email_platform.lanes import LANES
@@ -232,21 +232,26 @@ def prepare_app_db(url: str, users_n: int) -> Engine:
 
 
 def publish_backlog(engine: Engine, n: int, chunk: int = 1000) -> float:
-    """``n`` bulk digests through ``publish()``, ``chunk`` per product transaction."""
+    """``n`` bulk digests through ``publish_many()`` (a campaign's fan-out), ``chunk`` per product
+    transaction."""
     started = time.monotonic()
     for start in range(0, n, chunk):
         with engine.begin() as connection:
-            for i in range(start, min(n, start + chunk)):
-                publish(
-                    connection,
-                    event_type="digest.ready",
-                    aggregate_id=f"u{i}",
-                    payload={
-                        "email": f"reader{i}@example.com",
-                        "first_name": "Jane",
-                        "highlights": ["3 new followers", "1 comment"],
-                    },
-                )
+            publish_many(
+                connection,
+                [
+                    {
+                        "event_type": "digest.ready",
+                        "aggregate_id": f"u{i}",
+                        "payload": {
+                            "email": f"reader{i}@example.com",
+                            "first_name": "Jane",
+                            "highlights": ["3 new followers", "1 comment"],
+                        },
+                    }
+                    for i in range(start, min(n, start + chunk))
+                ],
+            )
     return time.monotonic() - started
 
 
@@ -517,7 +522,9 @@ def run_dagster(
         },
     }
     if not workers:
-        lanes = {lane: {**lanes.get(lane, {}), "workers": 0} for lane in LANE_NAMES}
+        lanes = {
+            lane: {**lanes.get(lane, {}), "workers": 0, "warm_workers": 0} for lane in LANE_NAMES
+        }
     daemon_box: dict[str, DaemonProcess] = {}
 
     def start(app_url: str, sandbox_url: str, work: Path):  # type: ignore[no-untyped-def]

@@ -7,7 +7,7 @@ from email_platform.errors import (
     PublishError,
     UnknownPriorityError,
 )
-from email_platform.publisher import publish
+from email_platform.publisher import publish, publish_many
 
 __all__ = [
     "HeaderInjectionError",
@@ -16,5 +16,6 @@ __all__ = [
     "PublishError",
     "UnknownPriorityError",
     "publish",
+    "publish_many",
 ]
 __version__ = "0.1.0"

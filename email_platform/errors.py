@@ -21,6 +21,7 @@ class PublishError(EmailPlatformError, ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+        self.message = message
 
 
 class InvalidAddressError(PublishError):

@@ -6,7 +6,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from email_platform import InvalidAddressError, publish
+from email_platform import InvalidAddressError, PublishError, publish, publish_many
 from email_platform.db.schema import email_outbox
 from email_platform.errors import NotInTransactionError
 from email_platform.timeutil import as_utc
@@ -113,3 +113,52 @@ def test_optional_arguments_are_stored(engine):
     assert abs((as_utc(row.available_at) - send_after).total_seconds()) < 0.001
     assert abs((as_utc(row.expires_at) - expires_at).total_seconds()) < 0.001
     assert row.idempotency_key == "order-o1-receipt"
+
+
+def _digest(i: int, **extra) -> dict:  # type: ignore[no-untyped-def]
+    return {
+        "event_type": "digest.ready",
+        "aggregate_id": f"u{i}",
+        "payload": {"email": f"reader{i}@example.com", "first_name": "Jane", "highlights": []},
+        **extra,
+    }
+
+
+def test_publish_many_writes_every_event_in_the_callers_transaction(engine):
+    with engine.begin() as connection:
+        ids = publish_many(
+            connection, [_digest(i) for i in range(250)] + [_digest(250, priority="critical")]
+        )
+    assert len(ids) == 251 and len(set(ids)) == 251
+    with engine.connect() as connection:
+        rows = {r.event_id: r for r in connection.execute(select(email_outbox)).all()}
+    assert set(rows) == set(ids)
+    assert (
+        rows[ids[7]].aggregate_id == "u7" and rows[ids[7]].payload["email"] == "reader7@example.com"
+    )
+    assert [rows[i].lane for i in ids[-2:]] == ["bulk", "critical"]
+    assert all(rows[i].status == "pending" and rows[i].event_type == "digest.ready" for i in ids)
+    # One product transaction: a rollback takes every event with it.
+    with pytest.raises(RuntimeError), engine.begin() as connection:
+        publish_many(connection, [_digest(i) for i in range(10)])
+        raise RuntimeError("the product's transaction fails after publishing")
+    assert _outbox_count(engine) == 251
+
+
+def test_publish_many_checks_every_event_before_writing_any(engine):
+    bad_address = _digest(3)
+    bad_address["payload"] = {**bad_address["payload"], "email": "nope"}
+    with pytest.raises(InvalidAddressError) as raised, engine.begin() as connection:
+        publish_many(connection, [_digest(0), _digest(1), _digest(2), bad_address])
+    assert raised.value.field == "events[3].payload.email"
+    for events, field in (
+        ([_digest(0), {"event_type": "digest.ready"}], "events[1]"),
+        ([_digest(0, colour="red")], "events[0]"),
+        ([_digest(0), "not a mapping"], "events[1]"),
+    ):
+        with pytest.raises(PublishError) as raised, engine.begin() as connection:
+            publish_many(connection, events)
+        assert raised.value.field == field
+    assert _outbox_count(engine) == 0
+    with pytest.raises(NotInTransactionError), engine.connect() as connection:
+        publish_many(connection, [_digest(0)])

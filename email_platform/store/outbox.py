@@ -17,6 +17,12 @@ def insert_event(connection: Connection, values: dict[str, Any]) -> None:
     connection.execute(insert(outbox).values(**values))
 
 
+def insert_events(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
+    """Many events in one statement (the driver batches the rows into multi-row inserts)."""
+    if rows:
+        connection.execute(insert(outbox), list(rows))
+
+
 def get_event(connection: Connection, event_id: str) -> Row | None:
     return connection.execute(select(outbox).where(outbox.c.event_id == event_id)).first()
 
