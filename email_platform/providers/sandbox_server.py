@@ -351,16 +351,23 @@ def create_app(config: SandboxConfig) -> Starlette:
     retry_after = _retry_after_value(config.retry_after_s)
     latency_s = max(0.0, config.latency_ms) / 1000.0
 
-    async def send(request: Request) -> Response:
+    async def admit(request: Request, *, batch: bool) -> Response | None:
+        """What both send endpoints do first: count, configured latency, the API key."""
         with state.lock:
             state.requests += 1
+            state.batch_requests += batch
         if latency_s:
             await asyncio.sleep(latency_s)
-
         if expected_auth is not None:
             given = request.headers.get("authorization", "").encode()
             if not hmac.compare_digest(given, expected_auth):
                 return _error(401, "unauthorized", "missing or invalid API key")
+        return None
+
+    async def send(request: Request) -> Response:
+        refused = await admit(request, batch=False)
+        if refused is not None:
+            return refused
 
         key = request.headers.get("idempotency-key", "").strip()
         if not key:
@@ -407,15 +414,9 @@ def create_app(config: SandboxConfig) -> Starlette:
         return _fault_response(fault, retry_after)
 
     async def send_batch(request: Request) -> Response:
-        with state.lock:
-            state.requests += 1
-            state.batch_requests += 1
-        if latency_s:
-            await asyncio.sleep(latency_s)
-        if expected_auth is not None:
-            given = request.headers.get("authorization", "").encode()
-            if not hmac.compare_digest(given, expected_auth):
-                return _error(401, "unauthorized", "missing or invalid API key")
+        refused = await admit(request, batch=True)
+        if refused is not None:
+            return refused
         try:
             payload = json.loads(await request.body())
         except (ValueError, UnicodeDecodeError):
