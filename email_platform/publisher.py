@@ -83,33 +83,14 @@ def publish_many(
     for index, fields in enumerate(events):
         if not isinstance(fields, Mapping):
             raise PublishError(f"events[{index}]", "must be a mapping of publish() arguments")
-        unknown = set(fields) - _PUBLISH_FIELDS
-        if unknown:
-            raise PublishError(f"events[{index}]", f"unknown field(s) {sorted(unknown)}")
         try:
             rows.append(_event_row(routes, now, **fields))
         except PublishError as error:
             raise type(error)(f"events[{index}].{error.field}", error.message) from None
-        except TypeError as error:  # a required argument is missing
+        except TypeError as error:  # a missing or unknown argument, as publish() would raise
             raise PublishError(f"events[{index}]", str(error)) from None
     outbox.insert_events(bound, rows)
     return [row["event_id"] for row in rows]
-
-
-_PUBLISH_FIELDS = frozenset(
-    {
-        "event_type",
-        "aggregate_id",
-        "payload",
-        "event_version",
-        "occurred_at",
-        "send_after",
-        "expires_at",
-        "idempotency_key",
-        "priority",
-        "metadata",
-    }
-)
 
 
 def _event_row(

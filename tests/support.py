@@ -11,7 +11,13 @@ from sqlalchemy import Column, Engine, MetaData, String, Table, insert, select
 from email_platform import publish
 from email_platform.db.schema import dead_letters, email_attempts, email_messages, email_outbox
 from email_platform.definitions import build_definitions
+from email_platform.lanes import LaneConfig
+from email_platform.providers.base import EmailProvider
+from email_platform.recipients import SqlDirectoryResolver
+from email_platform.rendering import TemplateRenderer
 from email_platform.resources import AppDatabase, EmailProviderResource, LanePolicy, RoutingResource
+from email_platform.routes import default_routes
+from email_platform.sending import BatchSender
 
 FAST_LANES = {
     lane: {"retry_delay_s": 0.05, "max_retry_delay_s": 2.0, "max_retries": 3}
@@ -20,6 +26,20 @@ FAST_LANES = {
 
 # The lanes as one launched run per batch (no resident workers): for tests of that mode.
 BATCH_LANES_JSON = json.dumps({lane: {"workers": 0} for lane in FAST_LANES})
+
+
+def batch_sender(engine: Engine, provider: EmailProvider, lane: LaneConfig) -> BatchSender:
+    """The send path with the shipped routes and templates, as the send op builds it."""
+    return BatchSender(
+        engine=engine,
+        provider=provider,
+        renderer=TemplateRenderer(),
+        routes=default_routes(),
+        resolver=SqlDirectoryResolver(engine),
+        lane=lane,
+        sender_address="Example <no-reply@example.com>",
+    )
+
 
 product = MetaData()
 users = Table(

@@ -17,24 +17,13 @@ from email_platform.errors import ConfigurationError
 from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane
 from email_platform.providers.base import Accepted, EmailProvider, OutgoingEmail
 from email_platform.providers.sandbox import SandboxProvider
-from email_platform.recipients import SqlDirectoryResolver
-from email_platform.rendering import TemplateRenderer
-from email_platform.routes import default_routes
 from email_platform.sending import BatchSender
-from tests.support import attempts_of, event, messages_of, sandbox_messages, signup
+from tests.support import attempts_of, batch_sender, event, messages_of, sandbox_messages, signup
 
 
 def _sender(engine: Engine, provider: EmailProvider, concurrency: int) -> BatchSender:
     lane = dataclasses.replace(DEFAULT_LANE_CONFIGS[Lane.TRANSACTIONAL], concurrency=concurrency)
-    return BatchSender(
-        engine=engine,
-        provider=provider,
-        renderer=TemplateRenderer(),
-        routes=default_routes(),
-        resolver=SqlDirectoryResolver(engine),
-        lane=lane,
-        sender_address="Example <no-reply@example.com>",
-    )
+    return batch_sender(engine, provider, lane)
 
 
 def test_every_outcome_of_a_concurrent_batch_is_recorded_once(engine, sandbox):

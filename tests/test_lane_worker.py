@@ -33,16 +33,13 @@ from email_platform.lane_worker import LaneWorker
 from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane, LaneConfig
 from email_platform.providers.sandbox import SandboxProvider
 from email_platform.providers.sandbox_server import SandboxConfig, SandboxServer
-from email_platform.recipients import SqlDirectoryResolver
-from email_platform.rendering import TemplateRenderer
 from email_platform.resources import AppDatabase, LanePolicy
-from email_platform.routes import default_routes
-from email_platform.sending import BatchSender
 from email_platform.sensors.outbox import make_outbox_sensor
 from email_platform.store import lane_workers, outbox
 from email_platform.timeutil import utcnow
 from tests.support import (
     attempts_of,
+    batch_sender,
     dead_letters_of,
     event,
     messages_of,
@@ -69,15 +66,7 @@ def _lane(**changes) -> LaneConfig:  # type: ignore[no-untyped-def]
 
 def _worker(engine: Engine, sandbox_url: str, lane: LaneConfig, run_id: str, **kwargs):  # type: ignore[no-untyped-def]
     provider = SandboxProvider(sandbox_url, max_connections=lane.concurrency, timeout_s=5)
-    sender = BatchSender(
-        engine=engine,
-        provider=provider,
-        renderer=TemplateRenderer(),
-        routes=default_routes(),
-        resolver=SqlDirectoryResolver(engine),
-        lane=lane,
-        sender_address="Example <no-reply@example.com>",
-    )
+    sender = batch_sender(engine, provider, lane)
     return LaneWorker(sender=sender, engine=engine, lane=lane, run_id=run_id, **kwargs)
 
 

@@ -21,12 +21,9 @@ from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane, LaneConfig
 from email_platform.providers.base import Accepted, OutgoingEmail
 from email_platform.providers.sandbox import SandboxProvider
 from email_platform.providers.sandbox_server import SandboxConfig, SandboxServer
-from email_platform.recipients import SqlDirectoryResolver
-from email_platform.rendering import TemplateRenderer
-from email_platform.routes import default_routes
-from email_platform.sending import BatchSender
 from tests.support import (
     attempts_of,
+    batch_sender,
     dead_letters_of,
     event,
     messages_of,
@@ -153,22 +150,10 @@ def _lane(**changes) -> LaneConfig:  # type: ignore[no-untyped-def]
     return dataclasses.replace(DEFAULT_LANE_CONFIGS[Lane.TRANSACTIONAL], **{**base, **changes})
 
 
-def _sender(engine: Engine, provider, lane: LaneConfig) -> BatchSender:  # type: ignore[no-untyped-def]
-    return BatchSender(
-        engine=engine,
-        provider=provider,
-        renderer=TemplateRenderer(),
-        routes=default_routes(),
-        resolver=SqlDirectoryResolver(engine),
-        lane=lane,
-        sender_address="Example <no-reply@example.com>",
-    )
-
-
 def test_a_batch_goes_out_in_calls_of_batch_max_each_message_recorded_once(engine, sandbox):
     ids = [signup(engine, f"u{i}") for i in range(45)]
     provider = SandboxProvider(sandbox.base_url, batch_max=10, max_connections=2)
-    outcome = _sender(engine, provider, _lane()).run(ids, run_id="run-1")
+    outcome = batch_sender(engine, provider, _lane()).run(ids, run_id="run-1")
     assert outcome.sent == 45
     stats = sandbox_stats(sandbox.base_url)
     # 45 messages, at most 10 a call: five calls, each message offered once.
@@ -186,7 +171,7 @@ def test_a_batch_goes_out_in_calls_of_batch_max_each_message_recorded_once(engin
 def test_small_batches_still_use_the_lanes_concurrency(engine, sandbox):
     ids = [signup(engine, f"u{i}") for i in range(8)]
     provider = SandboxProvider(sandbox.base_url, batch_max=100, max_connections=4)
-    outcome = _sender(engine, provider, _lane(concurrency=4)).run(ids, run_id="run-1")
+    outcome = batch_sender(engine, provider, _lane(concurrency=4)).run(ids, run_id="run-1")
     assert outcome.sent == 8
     # Not one call of 8: four calls of 2, in flight at once.
     assert sandbox_stats(sandbox.base_url)["batch_requests"] == 4
@@ -194,7 +179,7 @@ def test_small_batches_still_use_the_lanes_concurrency(engine, sandbox):
 
 def _worker(engine: Engine, provider, lane: LaneConfig, run_id: str) -> LaneWorker:  # type: ignore[no-untyped-def]
     return LaneWorker(
-        sender=_sender(engine, provider, lane), engine=engine, lane=lane, run_id=run_id
+        sender=batch_sender(engine, provider, lane), engine=engine, lane=lane, run_id=run_id
     )
 
 

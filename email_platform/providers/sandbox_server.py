@@ -292,26 +292,32 @@ class _SandboxState:
 
 
 def _validate(payload: Any) -> Response | None:
+    problem = _problem(payload)
+    return _error(*problem) if problem is not None else None
+
+
+def _problem(payload: Any) -> tuple[int, str, str] | None:
+    """Why one message cannot be accepted: (status, error code, message), or None."""
     if not isinstance(payload, dict):
-        return _error(422, "invalid_request", "request body must be a JSON object")
+        return 422, "invalid_request", "request body must be a JSON object"
     to = payload.get("to")
     if not isinstance(to, str) or not to.strip():
-        return _error(422, "invalid_recipient", "'to' is required")
+        return 422, "invalid_recipient", "'to' is required"
     if "@" not in to:
-        return _error(422, "invalid_recipient", f"'to' is not an email address: {to!r}")
+        return 422, "invalid_recipient", f"'to' is not an email address: {to!r}"
     for field in ("from", "subject"):
         value = payload.get(field)
         if not isinstance(value, str) or not value.strip():
-            return _error(422, "invalid_request", f"'{field}' is required")
+            return 422, "invalid_request", f"'{field}' is required"
     for field, kind in (("text", str), ("html", str), ("headers", dict), ("metadata", dict)):
         value = payload.get(field)
         if value is not None and not isinstance(value, kind):
-            return _error(422, "invalid_request", f"'{field}' must be a {kind.__name__}")
+            return 422, "invalid_request", f"'{field}' must be a {kind.__name__}"
     tags = payload.get("tags")
     if tags is not None and (
         not isinstance(tags, list) or not all(isinstance(t, str) for t in tags)
     ):
-        return _error(422, "invalid_request", "'tags' must be a list of strings")
+        return 422, "invalid_request", "'tags' must be a list of strings"
     return None
 
 
@@ -437,10 +443,9 @@ def create_app(config: SandboxConfig) -> Starlette:
                     _batch_error(400, "missing_idempotency_key", "idempotency_key is required")
                 )
                 continue
-            invalid = _validate(item)
-            if invalid is not None:
-                error = json.loads(invalid.body)["error"]
-                results.append(_batch_error(invalid.status_code, error["code"], error["message"]))
+            problem = _problem(item)
+            if problem is not None:
+                results.append(_batch_error(*problem))
                 continue
             stored, fault, answer = state.decide(key.strip(), item)
             if stored is not None:
