@@ -393,7 +393,7 @@ def test_forged_stale_future_tampered_and_incomplete_webhooks_are_refused(
     cases: list[tuple[bytes, dict[str, str]]] = [
         (body, svix_signed(body, secret=OTHER_SECRET)),
         (body, svix_signed(body, timestamp=now - 301)),
-        (body, svix_signed(body, timestamp=now + 301)),
+        (body, svix_signed(body, timestamp=now + 360)),  # the receiver reads its clock later
         (body.replace(b"Permanent", b"Transient"), good),  # tampered after signing
         (body, {**good, "svix-id": "msg_other"}),  # the id is signed too
         (body, {**good, "svix-signature": "v1,"}),
