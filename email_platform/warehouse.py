@@ -49,6 +49,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -99,6 +100,8 @@ DEFAULT_LOOKBACK_S = 120
 LOCK_TIMEOUT_S = 600.0
 WRITER_CATALOG = "warehouse"
 AFFECTED = "_affected"
+# In-memory catalog for what a refresh reads before it writes (shared by its connections).
+STAGE = "stage"
 ROW_GROUP_ROWS = 16_384
 
 
@@ -278,7 +281,6 @@ def _connect(path: str | os.PathLike[str], *, read_only: bool) -> duckdb.DuckDBP
         connection = duckdb.connect()
         options = f"ROW_GROUP_SIZE {ROW_GROUP_ROWS}"
         connection.execute(f"ATTACH {sql_string(os.fspath(path))} AS {WRITER_CATALOG} ({options})")
-        connection.execute(f"USE {WRITER_CATALOG}")
         # Loads may write rows in any order (every model query says ORDER BY where it matters):
         # measured 1.8x faster bulk loads on two cores.
         connection.execute("SET preserve_insertion_order = false")
@@ -288,9 +290,16 @@ def _connect(path: str | os.PathLike[str], *, read_only: bool) -> duckdb.DuckDBP
         # of log before a 2.6 MB checkpoint). A crash mid-checkpoint leaves the file as the
         # last checkpoint left it, as a crash before the commit would.
         connection.execute("SET checkpoint_threshold = '0b'")
+    _configure_session(connection)
+    return connection
+
+
+def _configure_session(connection: duckdb.DuckDBPyConnection) -> None:
+    """Per-connection settings; also for the cursors a refresh opens on its writer."""
+    if connection.execute("SELECT current_database()").fetchone()[0] == "memory":
+        connection.execute(f"USE {WRITER_CATALOG}")
     # Every timestamp in the warehouse is naive UTC; keep functions from applying a local zone.
     connection.execute("SET TimeZone = 'UTC'")
-    return connection
 
 
 def connect_read_only(warehouse_path: str | os.PathLike[str]) -> duckdb.DuckDBPyConnection:
@@ -411,21 +420,32 @@ def _refresh_locked(
         fingerprint = _models_fingerprint()
         rebuild = full or _state_value(connection, "models") != fingerprint
         attached = attach(connection, engine)
+        connection.execute(f"ATTACH ':memory:' AS {STAGE}")
+        since = {
+            source.name: (mark - timedelta(seconds=lookback_s))
+            if (mark := state.get(source.name)) is not None
+            else None
+            for source in SOURCES
+        }
         # One transaction from the first load to the saved high-water marks: a refresh that
         # fails or is killed half-way leaves the writer file as the last refresh left it, so
         # the next one loads the same rows again and rebuilds the funnel rows they touch.
         # (Committed loads with an uncommitted rebuild would be skipped as "already loaded".)
-        connection.execute("BEGIN TRANSACTION")
+        # What to write is found before it, read-only (the writer lock keeps other writers out).
+        try:
+            staged = _stage_all(connection, attached, since)
+            connection.execute("BEGIN TRANSACTION")
+        except BaseException:
+            detach(connection, attached)
+            raise
         try:
             connection.execute(f"CREATE OR REPLACE TEMP TABLE {AFFECTED} (message_id BIGINT)")
-            loads = {}
-            for source in SOURCES:
-                since = state.get(source.name)
-                if since is not None:
-                    since = since - timedelta(seconds=lookback_s)
-                loads[source.name] = _load_source(
-                    connection, attached, source, since, mark_affected=not rebuild
+            loads = {
+                source.name: _write_source(
+                    connection, attached, staged[source.name], mark_affected=not rebuild
                 )
+                for source in SOURCES
+            }
             for source in SOURCES:
                 read, loaded, hwm = loads[source.name]
                 summary.rows_read[source.name] = read
@@ -445,6 +465,7 @@ def _refresh_locked(
             raise
         finally:
             detach(connection, attached)
+            connection.execute(f"DETACH {STAGE}")
         # A no-op after the commit's checkpoint; here in case the commit could not take one.
         connection.execute("CHECKPOINT")
         summary.timings_s["checkpoint"] = time.perf_counter() - phase
@@ -678,25 +699,46 @@ def _naive(value: datetime | None) -> datetime | None:
     return value.astimezone(UTC).replace(tzinfo=None) if value.tzinfo else value
 
 
-def _load_source(
+@dataclass
+class _Staged:
+    """What the read-only stage found for one source (tables in the ``stage`` catalog)."""
+
+    source: Source
+    read: int = 0
+    hwm: datetime | None = None
+    # "" when nothing is to be written; else the stage table holding the rows to write, and
+    # whether some of them replace loaded versions (listed in the ``_existing`` table).
+    rows: str = ""
+    replaces: bool = False
+    first_load: bool = False
+
+    def table(self, kind: str) -> str:
+        return f"{STAGE}.{self.source.raw_table}{kind}"
+
+
+def _stage_source(
     connection: duckdb.DuckDBPyConnection,
     attached: AttachedSource,
     source: Source,
     since: datetime | None,
-    *,
-    mark_affected: bool,
-) -> tuple[int, int, datetime | None]:
-    """Read the source's rows changed since ``since``; write the new or different ones."""
+) -> _Staged:
+    """Read the source's rows changed since ``since`` and find the new or different ones.
+
+    Read-only towards the warehouse: its tables go to the in-memory ``stage`` catalog, so the
+    sources are staged on two connections at once (see ``_stage_all``) before the refresh's
+    transaction writes them.
+    """
     raw = source.raw_table
-    casts = ", ".join(f'CAST("{name}" AS {kind}) AS "{name}"' for name, kind in source.columns)
+    staged = _Staged(source)
     if since is None and not connection.execute(f"SELECT 1 FROM {raw} LIMIT 1").fetchone():
-        # First load: DuckDB scans the whole table in parallel, straight into the raw table.
-        connection.execute(f"INSERT INTO {raw} SELECT {casts} FROM {attached.table(source.name)}")
-        read = connection.execute(f"SELECT count(*) FROM {raw}").fetchone()[0]
-        hwm = connection.execute(f"SELECT max({source.marker_sql()}) FROM {raw}").fetchone()[0]
-        if read and mark_affected:
-            _mark_affected(connection, source, raw)
-        return read, read, hwm.replace(tzinfo=UTC) if hwm else None
+        staged.first_load = True  # loaded straight from the source by _write_source
+        return staged
+    incoming, existing, changed = (
+        staged.table("_incoming"),
+        staged.table("_existing"),
+        staged.table("_changed"),
+    )
+    casts = ", ".join(f'CAST("{name}" AS {kind}) AS "{name}"' for name, kind in source.columns)
     columns = ", ".join(f'"{name}"' for name, _ in source.columns)
     query = f'SELECT {columns} FROM "{source.name}"'
     if since is not None:
@@ -704,58 +746,112 @@ def _load_source(
         query += " WHERE " + " OR ".join(f'"{m}" >= {bound}' for m in source.markers)
     # The source database runs the query itself, so its marker indexes pick the few rows.
     connection.execute(
-        f"CREATE OR REPLACE TEMP TABLE _incoming AS "
-        f"SELECT {casts} FROM {attached.native_query(query)}"
+        f"CREATE OR REPLACE TABLE {incoming} AS SELECT {casts} FROM {attached.native_query(query)}"
     )
-    read = connection.execute("SELECT count(*) FROM _incoming").fetchone()[0]
-    if not read:
-        return 0, 0, None
+    staged.read = connection.execute(f"SELECT count(*) FROM {incoming}").fetchone()[0]
+    if not staged.read:
+        return staged
+    hwm = connection.execute(f"SELECT max({source.marker_sql()}) FROM {incoming}").fetchone()[0]
+    staged.hwm = hwm.replace(tzinfo=UTC) if hwm else None
     # The loaded versions of the incoming keys (one pass over the raw table, with row ids), then
     # only what is new or differs from them: a re-read changes nothing.
-    key_match = " AND ".join(f"r.{k} = i.{k}" for k in source.key)
+    key_match = _key_match(source)
     connection.execute(
-        f"CREATE OR REPLACE TEMP TABLE _existing AS SELECT r.rowid AS _row, r.* FROM {raw} AS r "
-        f"SEMI JOIN _incoming AS i ON {key_match}"
+        f"CREATE OR REPLACE TABLE {existing} AS SELECT r.rowid AS _row, r.* FROM {raw} AS r "
+        f"SEMI JOIN {incoming} AS i ON {key_match}"
     )
-    if connection.execute("SELECT 1 FROM _existing LIMIT 1").fetchone():
+    if connection.execute(f"SELECT 1 FROM {existing} LIMIT 1").fetchone():
         # New keys as they are; for known keys, only versions that differ from the loaded one
         # (the set difference runs over the few re-read rows, not everything incoming).
         connection.execute(
             f"""
-            CREATE OR REPLACE TEMP TABLE _changed AS
-            SELECT i.* FROM _incoming AS i ANTI JOIN _existing AS r ON {key_match}
+            CREATE OR REPLACE TABLE {changed} AS
+            SELECT i.* FROM {incoming} AS i ANTI JOIN {existing} AS r ON {key_match}
             UNION ALL (
-                SELECT i.* FROM _incoming AS i SEMI JOIN _existing AS r ON {key_match}
+                SELECT i.* FROM {incoming} AS i SEMI JOIN {existing} AS r ON {key_match}
                 EXCEPT
-                SELECT * EXCLUDE (_row) FROM _existing
+                SELECT * EXCLUDE (_row) FROM {existing}
             )
             """
         )
-        changed = "_changed"
+        if connection.execute(f"SELECT 1 FROM {changed} LIMIT 1").fetchone():
+            staged.rows, staged.replaces = changed, True
     else:
-        changed = "_incoming"  # every key is new: nothing to compare or replace
-    loaded = connection.execute(f"SELECT count(*) FROM {changed}").fetchone()[0]
-    if loaded:
-        if changed == "_changed":
-            if mark_affected:
-                # A replaced version may have belonged to another message (a webhook
-                # re-normalized after a mapping fix): that message's funnel row changes too.
-                _mark_affected(
-                    connection,
-                    source,
-                    f"(SELECT r.* FROM _existing AS r SEMI JOIN _changed AS i ON {key_match})",
-                )
-            # Replaced versions go by row id: no second pass over the raw table. (Nothing was
-            # written since the ids were read, so no checkpoint can have moved them.)
-            connection.execute(
-                f"DELETE FROM {raw} WHERE rowid IN (SELECT r._row FROM _existing AS r "
-                f"SEMI JOIN _changed AS i ON {key_match})"
-            )
-        connection.execute(f"INSERT INTO {raw} SELECT * FROM {changed}")
+        staged.rows = incoming  # every key is new: nothing to compare or replace
+    return staged
+
+
+def _key_match(source: Source) -> str:
+    return " AND ".join(f"r.{k} = i.{k}" for k in source.key)
+
+
+def _stage_all(
+    connection: duckdb.DuckDBPyConnection,
+    attached: AttachedSource,
+    since: dict[str, datetime | None],
+) -> dict[str, _Staged]:
+    """Stage every source, the provider events on a second connection meanwhile.
+
+    Reading a source goes through its scanner on one thread (SQLite's is single-threaded), and
+    the provider events are most of the work (at 1M messages: reading ~75,000 rows and probing
+    5M loaded ones), so the other sources are staged on the other core in the meantime.
+    """
+    events = SOURCES_BY_NAME["email_events"]
+    cursor = connection.cursor()
+    try:
+        _configure_session(cursor)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = pool.submit(_stage_source, cursor, attached, events, since[events.name])
+            staged = {
+                source.name: _stage_source(connection, attached, source, since[source.name])
+                for source in SOURCES
+                if source is not events
+            }
+            staged[events.name] = pending.result()
+    finally:
+        cursor.close()
+    return staged
+
+
+def _write_source(
+    connection: duckdb.DuckDBPyConnection,
+    attached: AttachedSource,
+    staged: _Staged,
+    *,
+    mark_affected: bool,
+) -> tuple[int, int, datetime | None]:
+    """Write what ``_stage_source`` found, in the refresh's transaction: (read, loaded, hwm)."""
+    source = staged.source
+    raw = source.raw_table
+    if staged.first_load:
+        # First load: DuckDB scans the whole table in parallel, straight into the raw table.
+        casts = ", ".join(f'CAST("{n}" AS {kind}) AS "{n}"' for n, kind in source.columns)
+        connection.execute(f"INSERT INTO {raw} SELECT {casts} FROM {attached.table(source.name)}")
+        read = connection.execute(f"SELECT count(*) FROM {raw}").fetchone()[0]
+        hwm = connection.execute(f"SELECT max({source.marker_sql()}) FROM {raw}").fetchone()[0]
+        if read and mark_affected:
+            _mark_affected(connection, source, raw)
+        return read, read, hwm.replace(tzinfo=UTC) if hwm else None
+    if not staged.rows:
+        return staged.read, 0, staged.hwm
+    loaded = connection.execute(f"SELECT count(*) FROM {staged.rows}").fetchone()[0]
+    if staged.replaces:
+        key_match = _key_match(source)
+        replaced = (
+            f"(SELECT r.* FROM {staged.table('_existing')} AS r "
+            f"SEMI JOIN {staged.rows} AS i ON {key_match})"
+        )
         if mark_affected:
-            _mark_affected(connection, source, changed)
-    hwm = connection.execute(f"SELECT max({source.marker_sql()}) FROM _incoming").fetchone()[0]
-    return read, loaded, hwm.replace(tzinfo=UTC) if hwm else None
+            # A replaced version may have belonged to another message (a webhook
+            # re-normalized after a mapping fix): that message's funnel row changes too.
+            _mark_affected(connection, source, replaced)
+        # Replaced versions go by row id: no second pass over the raw table. (Nothing was
+        # written since the ids were read: the writer lock keeps other refreshes out.)
+        connection.execute(f"DELETE FROM {raw} WHERE rowid IN (SELECT _row FROM {replaced})")
+    connection.execute(f"INSERT INTO {raw} SELECT * FROM {staged.rows}")
+    if mark_affected:
+        _mark_affected(connection, source, staged.rows)
+    return staged.read, loaded, staged.hwm
 
 
 def _mark_affected(connection: duckdb.DuckDBPyConnection, source: Source, rows: str) -> None:
