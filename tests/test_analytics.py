@@ -545,6 +545,45 @@ def test_a_provider_event_moved_to_another_message_rebuilds_both_rows(engine, tm
     _assert_equals_a_full_build(engine, path, tmp_path)
 
 
+def test_deleted_rows_are_compacted_once_they_add_up(engine, tmp_path, monkeypatch):
+    """Rows a refresh replaces are deleted; the checkpoint compacts them away only once they
+    add up to VACUUM_SHARE of the funnel (compacting rewrites whole row groups). Until then
+    the warehouse counts them, and the data is the same either way."""
+    from bench.generate import generate
+
+    now = datetime.now(UTC).replace(microsecond=0)
+    path = tmp_path / "warehouse.duckdb"
+    generate(engine, messages=300, days=1, end=now - timedelta(hours=1))
+    assert warehouse.refresh(engine, path).rows_deleted == 0  # a full build deletes nothing
+
+    def unvacuumed() -> int:
+        found = rows(path, "SELECT value FROM warehouse_state WHERE name = 'unvacuumed_rows'")
+        return int(found[0]["value"])
+
+    monkeypatch.setattr(warehouse, "VACUUM_SHARE", 10.0)  # never reached
+    deleted = []
+    for round_ in range(2):
+        generate(
+            engine,
+            messages=30,
+            days=0.005,
+            end=now + timedelta(minutes=10 * round_),
+            seed=20 + round_,
+            late_events_for_existing=30,
+        )
+        summary = warehouse.refresh(engine, path)
+        # Late opens rebuild old messages' funnel rows (and their days' daily rows).
+        assert summary.rows_deleted > 0
+        deleted.append(summary.rows_deleted)
+        assert unvacuumed() == sum(deleted)
+    monkeypatch.setattr(warehouse, "VACUUM_SHARE", 0.0)  # any deleted row is enough
+    generate(engine, messages=30, days=0.005, end=now + timedelta(minutes=30), seed=29,
+             late_events_for_existing=30)  # fmt: skip
+    assert warehouse.refresh(engine, path).rows_deleted > 0
+    assert unvacuumed() == 0
+    _assert_equals_a_full_build(engine, path, tmp_path)
+
+
 def test_a_warehouse_from_the_first_state_table_keeps_its_high_water_marks(engine, tmp_path):
     from bench.generate import generate
 
