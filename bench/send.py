@@ -153,6 +153,19 @@ class Sandbox:
         self._log.close()
 
 
+def _process_kind(proc: psutil.Process, root: int) -> str:
+    """Name a sampled process by its role, from its command line."""
+    cmdline = " ".join(proc.cmdline())
+    # The default run launcher starts each run in a spawned process.
+    if "execute_run" in cmdline or "spawn_main" in cmdline:
+        return "run_worker"
+    if proc.pid == root:
+        return "root"
+    if "grpc" in cmdline:
+        return "code_server"
+    return "other"
+
+
 class ProcessSampler:
     """CPU seconds and peak RSS of a process tree, sampled every ``interval_s``.
 
@@ -198,10 +211,7 @@ class ProcessSampler:
                     times = proc.cpu_times()
                     rss = proc.memory_info().rss
                     if key not in self.kind:
-                        cmdline = " ".join(proc.cmdline())
-                        # The default run launcher starts each run in a spawned process.
-                        worker = "execute_run" in cmdline or "spawn_main" in cmdline
-                        self.kind[key] = "run_worker" if worker else "other"
+                        self.kind[key] = _process_kind(proc, root)
                 except psutil.Error:
                     continue
                 self.cpu[key] = times.user + times.system
@@ -210,6 +220,14 @@ class ProcessSampler:
     @property
     def cpu_s(self) -> float:
         return sum(self.cpu.values())
+
+    def cpu_s_by_kind(self) -> dict[str, float]:
+        """CPU seconds per kind of process: where a system's CPU goes, not only how much."""
+        totals: dict[str, float] = {}
+        for key, cpu in self.cpu.items():
+            kind = self.kind.get(key, "other")
+            totals[kind] = totals.get(kind, 0.0) + cpu
+        return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
     def peak_rss_mb(self, kind: str | None = None) -> float:
         values = [v for k, v in self.rss.items() if kind is None or self.kind.get(k) == kind]
@@ -482,6 +500,7 @@ def _drive(
         critical_published=trickle.published,
         cpu_s=sampler.cpu_s,
         cpu_s_per_1k=sampler.cpu_s / sent * 1000,
+        cpu_s_by_kind={k: round(v, 1) for k, v in sampler.cpu_s_by_kind().items()},
         peak_rss_mb=sampler.peak_rss_mb("run_worker") or sampler.peak_rss_mb(),
         peak_rss_any_mb=sampler.peak_rss_mb(),
         provider_accepted=stats.get("accepted"),
@@ -774,6 +793,13 @@ def compare(args: argparse.Namespace) -> int:
             else:
                 raise SystemExit(f"unknown system {system!r}")
             by_system.setdefault(system, []).append(result)
+            f = result.figures
+            print(
+                f"  {system}: {f.get('emails_per_s', 0):.1f} emails/s; CPU-s by process: "
+                + ", ".join(f"{k} {v}" for k, v in f.get("cpu_s_by_kind", {}).items()),
+                file=sys.stderr,
+                flush=True,
+            )
     if args.per_event_events > 0:
         print("[once] dagster-per-event (bulk batch size 1)", file=sys.stderr, flush=True)
         by_system["dagster-per-event"] = [
@@ -896,11 +922,97 @@ def hotpath(args: argparse.Namespace) -> int:
         drop_database(db_name)
 
 
+def worker(args: argparse.Namespace) -> int:
+    """Drain ``--events`` bulk events with one ``LaneWorker`` (no Dagster), pipelined or not.
+
+    Each repeat runs the worker as shipped (the next batch claimed and prepared while the
+    current one is sent) and a sequential one (claim, prepare, send, record in turn, as before)
+    on the same backlog size, alternating which goes first.
+    """
+    from email_platform.lane_worker import LaneWorker
+    from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane
+    from email_platform.providers.sandbox import SandboxProvider
+    from email_platform.recipients import SqlDirectoryResolver
+    from email_platform.rendering import TemplateRenderer
+    from email_platform.routes import default_routes
+    from email_platform.sending import BatchSender
+
+    class SequentialWorker(LaneWorker):
+        def _send(self, event_ids: list[str], retry_number: int) -> None:
+            self._count(self.sender.run(event_ids, run_id=self.run_id), retry_number)
+
+    lane = DEFAULT_LANE_CONFIGS[Lane.BULK]
+    lane = type(lane)(
+        **{
+            **lane.__dict__,
+            "concurrency": args.concurrency,
+            "batch_size": args.batch_size,
+            "worker_idle_s": 0.5,
+        }
+    )
+    figures: dict[str, list[float]] = {"pipelined": [], "sequential": []}
+    for repeat in range(args.repeats):
+        order = ["pipelined", "sequential"] if repeat % 2 == 0 else ["sequential", "pipelined"]
+        for kind in order:
+            stamp = f"worker_{os.getpid()}_{int(time.time())}"
+            db_name = f"bench_app_{stamp}"
+            engine = prepare_app_db(create_database(db_name), 10)
+            workdir = Path(tempfile.mkdtemp(prefix="bench_worker_"))
+            sandbox = Sandbox(workdir / "sandbox.log")
+            try:
+                publish_backlog(engine, args.events)
+                provider = SandboxProvider(
+                    sandbox.url,
+                    max_connections=args.concurrency,
+                    timeout_s=30,
+                    batch_max=args.provider_batch,
+                )
+                sender = BatchSender(
+                    engine=engine,
+                    provider=provider,
+                    renderer=TemplateRenderer(),
+                    routes=default_routes(),
+                    resolver=SqlDirectoryResolver(engine),
+                    lane=lane,
+                    sender_address="Bench <no-reply@example.com>",
+                )
+                cls = LaneWorker if kind == "pipelined" else SequentialWorker
+                lane_worker = cls(sender=sender, engine=engine, lane=lane, run_id=stamp)
+                cpu0, t0 = time.process_time(), time.monotonic()
+                result = lane_worker.run()
+                # The worker idles out after the last batch: that wait is not sending.
+                elapsed = time.monotonic() - t0 - lane.worker_idle_s
+                cpu = time.process_time() - cpu0
+                provider.close()
+                sent = result.totals["sent"]
+                figures[kind].append(sent / elapsed)
+                print(
+                    f"worker {kind:>10}: {sent} sent of {args.events} in {elapsed:.2f}s = "
+                    f"{sent / elapsed:.0f} emails/s, {cpu * 1000 / max(1, sent):.2f} CPU-s "
+                    f"per 1k, {result.batches} batches",
+                    flush=True,
+                )
+                if sent != args.events:
+                    return 1
+            finally:
+                sandbox.stop()
+                engine.dispose()
+                drop_database(db_name)
+    pipelined, sequential = (statistics.median(figures[k]) for k in ("pipelined", "sequential"))
+    print(
+        f"median of {args.repeats}: pipelined {pipelined:.0f} emails/s, sequential "
+        f"{sequential:.0f} emails/s, ratio {pipelined / sequential:.2f}"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.send", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("mode", nargs="?", default="compare", choices=["compare", "hotpath"])
+    parser.add_argument(
+        "mode", nargs="?", default="compare", choices=["compare", "hotpath", "worker"]
+    )
     parser.add_argument("--events", type=int, default=3000, help="bulk backlog size")
     parser.add_argument("--critical-per-s", type=float, default=2.0, help="critical trickle")
     parser.add_argument("--batch-size", type=int, default=2500, help="bulk lane batch size")
@@ -927,7 +1039,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # Tear down daemons, workers and databases on SIGTERM too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    return hotpath(args) if args.mode == "hotpath" else compare(args)
+    modes = {"compare": compare, "hotpath": hotpath, "worker": worker}
+    return modes[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +83,9 @@ class LaneWorker:
         self.sleep = sleep or self.cancel.wait
         self._retries: list[_Retry] = []
         self.result = WorkerResult()
+        # The batch being sent while the next one is claimed and prepared, and its retry number.
+        self._delivering: tuple[futures.Future[BatchOutcome], int] | None = None
+        self._delivery = futures.ThreadPoolExecutor(1, thread_name_prefix="deliver")
 
     def run(self) -> WorkerResult:
         # A retried attempt of this run starts here: what the previous attempt held is due again.
@@ -98,6 +102,10 @@ class LaneWorker:
             self.result.reason = self.result.reason or f"error: {type(exc).__name__}: {exc}"
             raise
         finally:
+            # The batch in flight is seen through (a stop has set the cancel flag: no new call
+            # starts, what is in flight is recorded) before what is left is given back.
+            self._settle_quietly()
+            self._delivery.shutdown()
             stop_beating.set()
             beating.join()
             # Also on an interrupt (the run was terminated) or an error: what this run still
@@ -129,7 +137,12 @@ class LaneWorker:
             else:
                 self.result.reason = self.should_stop() or ""
             if self.result.reason:
-                return
+                if self._delivering is None:
+                    return
+                # The batch in flight may leave retries to see through: decide again after it.
+                self.result.reason = ""
+                self._settle()
+                continue
             if now - last_progress >= PROGRESS_EVERY_S:
                 self._log_progress(progress_mark, now - last_progress)
                 progress_mark = Counter(self.result.totals)
@@ -138,21 +151,52 @@ class LaneWorker:
             if retry is not None:
                 self._send(retry.event_ids, retry.number + 1)
                 continue
-            if retiring:
-                self.sleep(self._idle_wait(now))
-                continue
-            with self.engine.connect() as connection:
-                event_ids = outbox.find_due(
-                    connection, self.lane.lane.value, utcnow(), self.lane.batch_size
-                )
-            if event_ids:
-                self._send(event_ids, 0)
-                idle_since = self.clock()
+            if not retiring:
+                with self.engine.connect() as connection:
+                    event_ids = outbox.find_due(
+                        connection, self.lane.lane.value, utcnow(), self.lane.batch_size
+                    )
+                if event_ids:
+                    self._send(event_ids, 0)
+                    idle_since = self.clock()
+                    continue
+            if self._delivering is not None:
+                self._settle()  # nothing new to prepare: wait for the batch in flight instead
             else:
                 self.sleep(self._idle_wait(now))
 
     def _send(self, event_ids: list[str], retry_number: int) -> None:
-        outcome = self.sender.run(event_ids, run_id=self.run_id)
+        """Claim and prepare a batch, then hand it to the delivery thread.
+
+        Claiming and preparing (database round trips, rendering) overlap the previous batch's
+        provider calls and recording, which waited for each other when they ran in turn. At
+        most one batch is in flight and one prepared, so a worker holds two batches' claims.
+        """
+        batch = self.sender.claim(event_ids, run_id=self.run_id)
+        self._settle()
+        if batch.events:
+            self._delivering = (
+                self._delivery.submit(self.sender.deliver, batch, run_id=self.run_id),
+                retry_number,
+            )
+        else:
+            self._count(batch.outcome, retry_number)
+
+    def _settle(self) -> None:
+        """Wait for the batch in flight, if any, and count its outcome."""
+        if self._delivering is None:
+            return
+        delivery, retry_number = self._delivering
+        self._delivering = None
+        self._count(delivery.result(), retry_number)
+
+    def _settle_quietly(self) -> None:
+        try:
+            self._settle()
+        except BaseException as exc:  # never mask the error that ended the loop
+            self.log.warning(f"the batch in flight ended with {type(exc).__name__}: {exc}")
+
+    def _count(self, outcome: BatchOutcome, retry_number: int) -> None:
         self.result.batches += 1
         self.result.totals.update(outcome.as_metadata())
         if outcome.transient:

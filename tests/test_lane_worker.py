@@ -260,26 +260,83 @@ class _CancelAfter(SandboxProvider):
         return result
 
 
-def test_a_terminated_worker_records_what_is_in_flight_and_gives_back_the_rest(engine, sandbox):
+@pytest.mark.parametrize(
+    ("batch_size", "cancel_after"),
+    [(40, 10), (10, 5)],
+    ids=["one-batch", "one-batch-in-flight-one-prepared"],
+)
+def test_a_terminated_worker_records_what_is_in_flight_and_gives_back_the_rest(
+    engine, sandbox, batch_size, cancel_after
+):
     ids = [signup(engine, f"u{i}") for i in range(40)]
-    lane = _lane(batch_size=40, concurrency=4)
+    lane = _lane(batch_size=batch_size, concurrency=4)
     worker = _worker(engine, sandbox.base_url, lane, "worker-1")
-    worker.sender.provider = _CancelAfter(sandbox.base_url, 10, worker.sender.cancel)
+    worker.sender.provider = _CancelAfter(sandbox.base_url, cancel_after, worker.sender.cancel)
     result = worker.run()
     assert result.reason == "canceled"
     accepted = {m["idempotency_key"] for m in sandbox_messages(sandbox.base_url)}
     # No new send started after the request: at most the ones in flight then (4) finished.
-    assert 10 <= len(accepted) <= 14
-    for event_id in ids:
+    assert cancel_after <= len(accepted) <= cancel_after + 4
+    # Claimed and prepared: the one batch, or the batch in flight and the one behind it.
+    held = [i for i in ids if messages_of(engine, i)]
+    assert len(held) == min(40, 2 * batch_size)
+    for event_id in held:
         (message,) = messages_of(engine, event_id)
         # Every acceptance the provider gave is on record; nothing else was sent.
         assert (message.status == "sent") == (message.idempotency_key in accepted)
-    assert result.released == 40 - len(accepted)
+    assert result.released == len(held) - len(accepted)
     assert all(event(engine, i).status in ("done", "pending") for i in ids)
     # The rest goes out once with the next worker; nothing accepted is sent again.
     _worker(engine, sandbox.base_url, _lane(), "worker-2").run()
     stats = sandbox_stats(sandbox.base_url)
     assert stats["accepted"] == 40 and stats["repeated_keys"] == 0
+    assert all(event(engine, i).status == "done" for i in ids)
+
+
+class _HeldFirstCall(SandboxProvider):
+    """The first batch call waits until the test lets it go; the others go straight through."""
+
+    def __init__(self, base_url: str) -> None:
+        super().__init__(base_url, max_connections=1, timeout_s=5, batch_max=100)
+        self.entered, self.release, self.calls = threading.Event(), threading.Event(), 0
+
+    def send_many(self, emails):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        if self.calls == 1:
+            self.entered.set()
+            assert self.release.wait(10)
+        return super().send_many(emails)
+
+
+def test_the_next_batch_is_claimed_and_prepared_while_one_is_being_sent(engine, sandbox):
+    ids = [signup(engine, f"u{i}") for i in range(30)]
+    lane = _lane(batch_size=10, concurrency=1)
+    worker = _worker(engine, sandbox.base_url, lane, "worker-1")
+    provider = _HeldFirstCall(sandbox.base_url)
+    worker.sender.provider = provider
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        assert provider.entered.wait(10)
+        first, second, third = ids[:10], ids[10:20], ids[20:]
+        # While the first batch's call hangs, the second is claimed by this worker and its
+        # messages are written with their keys; the third waits: two batches held, no more.
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not all(messages_of(engine, i) for i in second):
+            time.sleep(0.02)
+        for event_id in second:
+            assert event(engine, event_id).claimed_by == "worker-1"
+            (message,) = messages_of(engine, event_id)
+            assert message.status == "pending" and message.idempotency_key == f"{event_id}:welcome"
+        assert all(event(engine, i).status == "in_flight" for i in first + second)
+        assert all(event(engine, i).status == "pending" for i in third)
+        assert all(messages_of(engine, i) == [] for i in third)
+    finally:
+        provider.release.set()
+        thread.join()
+    assert worker.result.totals["sent"] == 30 and worker.result.batches == 3
+    stats = sandbox_stats(sandbox.base_url)
+    assert stats["accepted"] == 30 and stats["repeated_keys"] == 0
     assert all(event(engine, i).status == "done" for i in ids)
 
 
