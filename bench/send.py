@@ -156,9 +156,12 @@ class Sandbox:
 def _process_kind(proc: psutil.Process, root: int) -> str:
     """Name a sampled process by its role, from its command line."""
     cmdline = " ".join(proc.cmdline())
-    # The default run launcher starts each run in a spawned process.
-    if "execute_run" in cmdline or "spawn_main" in cmdline:
-        return "run_worker"
+    # The default run launcher starts each run in a process of its own, and the multiprocess
+    # executor each step in a spawned child of it.
+    if "spawn_main" in cmdline:
+        return "run_worker:step"
+    if "execute_run" in cmdline:
+        return "run_worker:run"
     if proc.pid == root:
         return "root"
     if "grpc" in cmdline:
@@ -230,7 +233,7 @@ class ProcessSampler:
         return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
     def peak_rss_mb(self, kind: str | None = None) -> float:
-        values = [v for k, v in self.rss.items() if kind is None or self.kind.get(k) == kind]
+        values = [v for k, v in self.rss.items() if self.kind.get(k, "").startswith(kind or "")]
         return max(values, default=0) / 2**20
 
 
@@ -388,6 +391,8 @@ def measure_app_db(engine: Engine) -> dict[str, Any]:
         "warmup_sent": len(warmup),
         "not_done": not_sent,
         "window_s": window_s,
+        # The backlog's first publish to its first acceptance: how long the system took to start.
+        "first_sent_s": (min(bulk_sent) - first_publish).total_seconds() if bulk_sent else None,
         # First publish to last acceptance: the issue's definition.
         "emails_per_s": len(rows) / window_s if window_s > 0 else 0.0,
         # The backlog's first acceptance to its last: the drain rate once sending started.
@@ -795,7 +800,9 @@ def compare(args: argparse.Namespace) -> int:
             by_system.setdefault(system, []).append(result)
             f = result.figures
             print(
-                f"  {system}: {f.get('emails_per_s', 0):.1f} emails/s; CPU-s by process: "
+                f"  {system}: {f.get('emails_per_s', 0):.1f} emails/s, first sent after "
+                f"{f.get('first_sent_s') or 0:.1f}s, backlog published in "
+                f"{f.get('publish_s') or 0:.1f}s; CPU-s by process: "
                 + ", ".join(f"{k} {v}" for k, v in f.get("cpu_s_by_kind", {}).items()),
                 file=sys.stderr,
                 flush=True,
