@@ -471,7 +471,13 @@ def _refresh_locked(
             _save_state(connection, summary, fingerprint, unvacuumed)
             summary.timings_s["build"] = time.perf_counter() - phase
             phase = time.perf_counter()
-            connection.execute("COMMIT")  # checkpoints (see _connect)
+            # Nothing new or changed (the look-back window re-read only what is loaded): the
+            # published snapshot already holds everything, so it stays as it is, and so does
+            # the writer file, equal to it. No checkpoint, no new snapshot, no patch.
+            unchanged = (
+                publish and not rebuild and summary.total_loaded == 0 and warehouse_path.exists()
+            )
+            connection.execute("ROLLBACK" if unchanged else "COMMIT")  # commit checkpoints
         except BaseException:
             connection.execute("ROLLBACK")
             raise
@@ -488,7 +494,12 @@ def _refresh_locked(
     finally:
         connection.close()
     built = writer
-    if publish:
+    if unchanged:
+        built = warehouse_path
+        summary.timings_s.update(publish=0.0, prepare_next=0.0)
+        summary.timings_s["visible"] = time.perf_counter() - started
+        summary.next_writer = "unchanged"
+    elif publish:
         phase = time.perf_counter()
         warehouse_path.parent.mkdir(parents=True, exist_ok=True)
         # The old snapshot keeps a second name through the swap: it becomes the next writer

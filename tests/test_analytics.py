@@ -363,6 +363,37 @@ def test_a_rerun_loads_nothing_and_changes_nothing(loaded):
     )  # ... to no effect
 
 
+def test_a_rerun_with_nothing_new_leaves_the_snapshot_and_writer_file_alone(loaded):
+    """Nothing to load: no checkpoint, no new snapshot, no patch. Both files stay byte for
+    byte (and inode for inode) what they were, and the next refresh with news goes on."""
+    engine, path, _ = loaded
+    files = (path, warehouse.writer_path(path))
+
+    def state() -> list[tuple[int, int, bytes]]:
+        return [(f.stat().st_ino, f.stat().st_mtime_ns, f.read_bytes()) for f in files]
+
+    before = state()
+    again = warehouse.refresh(engine, path)
+    assert again.total_loaded == 0 and again.next_writer == "unchanged"
+    assert again.funnel["messages"] == 5 and again.table_rows["email_funnel"] == 5
+    assert state() == before
+    aware = engine.dialect.name == "postgresql"
+    with engine.begin() as connection:
+        connection.execute(
+            insert(email_events).values(
+                provider="sandbox", provider_event_id="p16", event_type="clicked",
+                occurred_at=(at if aware else naive)(8000),
+                received_at=datetime.now(UTC) if aware else datetime.now(UTC).replace(tzinfo=None),
+                event_id="E4", message_id=4, click_url="https://app.example.com/late",
+            )
+        )  # fmt: skip
+    news = warehouse.refresh(engine, path)
+    assert news.rows_loaded["email_events"] == 1 and news.next_writer in ("patched", "copied")
+    assert rows(path, "SELECT click_count FROM email_funnel WHERE message_id = 4") == [
+        {"click_count": 1}
+    ]
+
+
 def test_changed_and_new_rows_are_loaded_once_and_match_a_full_rebuild(loaded, tmp_path):
     engine, path, _ = loaded
     aware = engine.dialect.name == "postgresql"
