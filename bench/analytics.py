@@ -161,7 +161,8 @@ def _print(title: str, results: list[dict]) -> None:
     print(
         "visible: refresh start -> new snapshot published (what an analyst waits for); "
         "next: preparing the next refresh's writer file after publishing (patched: the replaced "
-        "snapshot, only its differing blocks rewritten; copied: a whole copy); total: all of it."
+        "snapshot, only its differing blocks rewritten; copied: a whole copy; unchanged: "
+        "nothing new, neither file touched); total: all of it."
     )
 
 
