@@ -36,7 +36,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -870,11 +870,17 @@ def _lane(result: Result | None, lane: str, key: str) -> float | None:
     return result.figures.get("lanes", {}).get(lane, {}).get(key)
 
 
-# ---- in-process hot path (for the profiler) ----------------------------------------------------
+# ---- in-process send path: one batch, or one lane worker (for the profiler) --------------------
 
 
-def hotpath(args: argparse.Namespace) -> int:
-    """Publish ``--events`` bulk events and send them as one batch through ``BatchSender``."""
+@contextlib.contextmanager
+def _in_process(
+    args: argparse.Namespace, prefix: str, lane_changes: dict[str, Any]
+) -> Iterator[tuple[Engine, Sandbox, Any, Any]]:
+    """A fresh database holding ``--events`` bulk events, the sandbox, and a ``BatchSender``.
+
+    Yields (engine, sandbox, provider, sender); everything is torn down afterwards.
+    """
     from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane
     from email_platform.providers.sandbox import SandboxProvider
     from email_platform.recipients import SqlDirectoryResolver
@@ -882,17 +888,15 @@ def hotpath(args: argparse.Namespace) -> int:
     from email_platform.routes import default_routes
     from email_platform.sending import BatchSender
 
-    stamp = f"hotpath_{os.getpid()}_{int(time.time())}"
+    stamp = f"{prefix}_{os.getpid()}_{int(time.time())}"
     db_name = f"bench_app_{stamp}"
     engine = prepare_app_db(create_database(db_name), 10)
-    workdir = Path(tempfile.mkdtemp(prefix="bench_hotpath_"))
-    sandbox = Sandbox(workdir / "sandbox.log")
+    sandbox = Sandbox(Path(tempfile.mkdtemp(prefix=f"bench_{prefix}_")) / "sandbox.log")
+    provider = None
     try:
         publish_backlog(engine, args.events)
-        with engine.connect() as connection:
-            ids = connection.execute(select(email_outbox.c.event_id)).scalars().all()
         lane = DEFAULT_LANE_CONFIGS[Lane.BULK]
-        lane = type(lane)(**{**lane.__dict__, "concurrency": args.concurrency})
+        lane = type(lane)(**{**lane.__dict__, "concurrency": args.concurrency, **lane_changes})
         provider = SandboxProvider(
             sandbox.url,
             max_connections=args.concurrency,
@@ -908,6 +912,20 @@ def hotpath(args: argparse.Namespace) -> int:
             lane=lane,
             sender_address="Bench <no-reply@example.com>",
         )
+        yield engine, sandbox, provider, sender
+    finally:
+        if provider is not None:
+            provider.close()
+        sandbox.stop()
+        engine.dispose()
+        drop_database(db_name)
+
+
+def hotpath(args: argparse.Namespace) -> int:
+    """Publish ``--events`` bulk events and send them as one batch through ``BatchSender``."""
+    with _in_process(args, "hotpath", {}) as (engine, sandbox, _provider, sender):
+        with engine.connect() as connection:
+            ids = connection.execute(select(email_outbox.c.event_id)).scalars().all()
         # The sandbox shares the two cores with this process, so its CPU is reported too.
         sandbox_proc = psutil.Process(sandbox.process.pid)
         sandbox_cpu0 = sum(sandbox_proc.cpu_times()[:2])
@@ -915,7 +933,6 @@ def hotpath(args: argparse.Namespace) -> int:
         outcome = sender.run(ids, run_id="hotpath")
         elapsed, cpu = time.monotonic() - t0, time.process_time() - cpu0
         sandbox_cpu = sum(sandbox_proc.cpu_times()[:2]) - sandbox_cpu0
-        provider.close()
         per_1k = 1000 / max(1, outcome.sent)
         print(
             f"hotpath: {outcome.sent} sent of {len(ids)} in {elapsed:.2f}s = "
@@ -923,10 +940,6 @@ def hotpath(args: argparse.Namespace) -> int:
             f"CPU-s per 1k (this process), sandbox {sandbox_cpu * per_1k:.2f} CPU-s per 1k"
         )
         return 0 if outcome.sent == len(ids) else 1
-    finally:
-        sandbox.stop()
-        engine.dispose()
-        drop_database(db_name)
 
 
 def worker(args: argparse.Namespace) -> int:
@@ -937,74 +950,34 @@ def worker(args: argparse.Namespace) -> int:
     on the same backlog size, alternating which goes first.
     """
     from email_platform.lane_worker import LaneWorker
-    from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane
-    from email_platform.providers.sandbox import SandboxProvider
-    from email_platform.recipients import SqlDirectoryResolver
-    from email_platform.rendering import TemplateRenderer
-    from email_platform.routes import default_routes
-    from email_platform.sending import BatchSender
 
     class SequentialWorker(LaneWorker):
         def _send(self, event_ids: list[str], retry_number: int) -> None:
             self._count(self.sender.run(event_ids, run_id=self.run_id), retry_number)
 
-    lane = DEFAULT_LANE_CONFIGS[Lane.BULK]
-    lane = type(lane)(
-        **{
-            **lane.__dict__,
-            "concurrency": args.concurrency,
-            "batch_size": args.batch_size,
-            "worker_idle_s": 0.5,
-        }
-    )
+    changes = {"batch_size": args.batch_size, "worker_idle_s": 0.5}
     figures: dict[str, list[float]] = {"pipelined": [], "sequential": []}
     for repeat in range(args.repeats):
         order = ["pipelined", "sequential"] if repeat % 2 == 0 else ["sequential", "pipelined"]
         for kind in order:
-            stamp = f"worker_{os.getpid()}_{int(time.time())}"
-            db_name = f"bench_app_{stamp}"
-            engine = prepare_app_db(create_database(db_name), 10)
-            workdir = Path(tempfile.mkdtemp(prefix="bench_worker_"))
-            sandbox = Sandbox(workdir / "sandbox.log")
-            try:
-                publish_backlog(engine, args.events)
-                provider = SandboxProvider(
-                    sandbox.url,
-                    max_connections=args.concurrency,
-                    timeout_s=30,
-                    batch_max=args.provider_batch,
-                )
-                sender = BatchSender(
-                    engine=engine,
-                    provider=provider,
-                    renderer=TemplateRenderer(),
-                    routes=default_routes(),
-                    resolver=SqlDirectoryResolver(engine),
-                    lane=lane,
-                    sender_address="Bench <no-reply@example.com>",
-                )
+            with _in_process(args, "worker", changes) as (engine, _sandbox, _provider, sender):
                 cls = LaneWorker if kind == "pipelined" else SequentialWorker
-                lane_worker = cls(sender=sender, engine=engine, lane=lane, run_id=stamp)
+                lane_worker = cls(sender=sender, engine=engine, lane=sender.lane, run_id=kind)
                 cpu0, t0 = time.process_time(), time.monotonic()
                 result = lane_worker.run()
                 # The worker idles out after the last batch: that wait is not sending.
-                elapsed = time.monotonic() - t0 - lane.worker_idle_s
+                elapsed = time.monotonic() - t0 - sender.lane.worker_idle_s
                 cpu = time.process_time() - cpu0
-                provider.close()
-                sent = result.totals["sent"]
-                figures[kind].append(sent / elapsed)
-                print(
-                    f"worker {kind:>10}: {sent} sent of {args.events} in {elapsed:.2f}s = "
-                    f"{sent / elapsed:.0f} emails/s, {cpu * 1000 / max(1, sent):.2f} CPU-s "
-                    f"per 1k, {result.batches} batches",
-                    flush=True,
-                )
-                if sent != args.events:
-                    return 1
-            finally:
-                sandbox.stop()
-                engine.dispose()
-                drop_database(db_name)
+            sent = result.totals["sent"]
+            figures[kind].append(sent / elapsed)
+            print(
+                f"worker {kind:>10}: {sent} sent of {args.events} in {elapsed:.2f}s = "
+                f"{sent / elapsed:.0f} emails/s, {cpu * 1000 / max(1, sent):.2f} CPU-s "
+                f"per 1k, {result.batches} batches",
+                flush=True,
+            )
+            if sent != args.events:
+                return 1
     pipelined, sequential = (statistics.median(figures[k]) for k in ("pipelined", "sequential"))
     print(
         f"median of {args.repeats}: pipelined {pipelined:.0f} emails/s, sequential "

@@ -42,8 +42,10 @@ from email_platform.timeutil import as_utc, utcnow
 
 # A run that keeps dying on the same events must not loop forever.
 MAX_CLAIMS = 5
-# Most send outcomes recorded in one transaction.
-RECORD_GROUP_MAX = 200
+# Most send outcomes recorded in one transaction. Outcomes arrive in calls of up to 100, and
+# each transaction costs three statements and a commit whatever its size: a lane worker drained
+# 20k events at 3,014 emails/s with groups of up to 1,000 against 2,803 with 200 (median of 2).
+RECORD_GROUP_MAX = 1000
 _HARD_SUPPRESSIONS = {suppressions.HARD_BOUNCE, suppressions.COMPLAINT, suppressions.MANUAL}
 
 
