@@ -527,7 +527,7 @@ class BatchSender:
             todo.put(item)
         for _ in range(workers):
             todo.put(None)
-        threads = [
+        senders = [
             self._send_threads().submit(self._send_worker, todo, done, stop, per_call)
             for _ in range(workers)
         ]
@@ -547,7 +547,7 @@ class BatchSender:
             finished = True
         finally:
             stop.set()
-            futures.wait(threads)
+            futures.wait(senders)
             if not finished:
                 # Interrupted (the run was terminated) or failed mid-group: what the provider
                 # has already answered is recorded before giving up, so a released event is not
