@@ -11,43 +11,30 @@ attempts AS (
     FROM stg_attempts
     GROUP BY message_id
 ),
-deliveries AS (
-    SELECT message_id, min(occurred_at) AS delivered_at
-    FROM stg_deliveries
-    GROUP BY message_id
-),
-opens AS (
+-- One pass over the provider events for every step they mark (a scan per step cost six
+-- scans of the largest table); stg_deliveries, stg_opens, ... hold the same rows one type each.
+provider_steps AS (
     SELECT
         message_id,
-        min(occurred_at) FILTER (WHERE NOT is_machine_open) AS first_open_at,
-        count(*) FILTER (WHERE NOT is_machine_open) AS open_count,
-        min(occurred_at) FILTER (WHERE is_machine_open) AS first_machine_open_at,
-        count(*) FILTER (WHERE is_machine_open) AS machine_open_count
-    FROM stg_opens
-    GROUP BY message_id
-),
-clicks AS (
-    SELECT message_id, min(occurred_at) AS first_click_at, count(*) AS click_count
-    FROM stg_clicks
-    GROUP BY message_id
-),
-bounces AS (
-    SELECT
-        message_id,
-        min(occurred_at) AS bounced_at,
+        min(occurred_at) FILTER (WHERE event_type = 'delivered') AS delivered_at,
+        min(occurred_at) FILTER (WHERE event_type = 'opened' AND NOT is_machine_open)
+            AS first_open_at,
+        count(*) FILTER (WHERE event_type = 'opened' AND NOT is_machine_open) AS open_count,
+        min(occurred_at) FILTER (WHERE event_type = 'opened' AND is_machine_open)
+            AS first_machine_open_at,
+        count(*) FILTER (WHERE event_type = 'opened' AND is_machine_open) AS machine_open_count,
+        min(occurred_at) FILTER (WHERE event_type = 'clicked') AS first_click_at,
+        count(*) FILTER (WHERE event_type = 'clicked') AS click_count,
+        min(occurred_at) FILTER (WHERE event_type = 'bounced') AS bounced_at,
         -- One hard bounce makes the message hard-bounced, whatever order they came in.
-        CASE WHEN bool_or(bounce_type = 'hard') THEN 'hard' ELSE 'soft' END AS bounce_type
-    FROM stg_bounces
-    GROUP BY message_id
-),
-complaints AS (
-    SELECT message_id, min(occurred_at) AS complained_at
-    FROM stg_complaints
-    GROUP BY message_id
-),
-unsubscribes AS (
-    SELECT message_id, min(occurred_at) AS unsubscribed_at
-    FROM stg_unsubscribes
+        CASE
+            WHEN bool_or(bounce_type = 'hard') FILTER (WHERE event_type = 'bounced') THEN 'hard'
+            WHEN count(*) FILTER (WHERE event_type = 'bounced') > 0 THEN 'soft'
+        END AS bounce_type,
+        min(occurred_at) FILTER (WHERE event_type = 'complained') AS complained_at,
+        min(occurred_at) FILTER (WHERE event_type = 'unsubscribed') AS unsubscribed_at
+    FROM stg_provider_events
+    WHERE message_id IS NOT NULL
     GROUP BY message_id
 ),
 dead AS (
@@ -78,32 +65,27 @@ steps AS (
         s.created_at,
         a.first_attempt_at,
         s.accepted_at,
-        d.delivered_at,
-        o.first_open_at,
-        c.first_click_at,
-        b.bounced_at,
-        b.bounce_type,
-        x.complained_at,
-        u.unsubscribed_at,
-        o.first_machine_open_at,
+        p.delivered_at,
+        p.first_open_at,
+        p.first_click_at,
+        p.bounced_at,
+        p.bounce_type,
+        p.complained_at,
+        p.unsubscribed_at,
+        p.first_machine_open_at,
         dl.dead_lettered_at,
         s.status AS final_status,
         s.delivery_status,
         s.attempts,
-        coalesce(o.open_count, 0) AS open_count,
-        coalesce(o.machine_open_count, 0) AS machine_open_count,
-        coalesce(c.click_count, 0) AS click_count,
+        coalesce(p.open_count, 0) AS open_count,
+        coalesce(p.machine_open_count, 0) AS machine_open_count,
+        coalesce(p.click_count, 0) AS click_count,
         dl.dead_letter_reason,
         dl.dead_letter_status
     FROM stg_sends AS s
     LEFT JOIN stg_events AS e USING (event_id)
     LEFT JOIN attempts AS a USING (message_id)
-    LEFT JOIN deliveries AS d USING (message_id)
-    LEFT JOIN opens AS o USING (message_id)
-    LEFT JOIN clicks AS c USING (message_id)
-    LEFT JOIN bounces AS b USING (message_id)
-    LEFT JOIN complaints AS x USING (message_id)
-    LEFT JOIN unsubscribes AS u USING (message_id)
+    LEFT JOIN provider_steps AS p USING (message_id)
     LEFT JOIN dead AS dl USING (message_id)
 )
 SELECT
