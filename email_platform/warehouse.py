@@ -12,8 +12,11 @@ are read, by a query the source database runs itself so its marker indexes serve
 look-back re-reads a short window so a transaction that committed a little after a later one is
 not missed; the re-read rows are compared with what is loaded, and only rows that
 are new or differ are written (delete + insert by primary key). So a re-run writes nothing, and
-a changed message or dead letter replaces its old version. High-water marks live in the DuckDB
-table ``warehouse_state``.
+a changed message or dead letter replaces its old version. Provider event rows are only ever
+inserted or deleted at the source (``webhooks reprocess`` deletes a webhook's events and
+normalizes it again, under new ids); a trigger records each deleted row in
+``email_event_deletions``, which is loaded the same way and removes the deleted versions.
+High-water marks live in the DuckDB table ``warehouse_state``.
 
 **Build.** ``analytics/stg_*.sql`` are views over the raw tables (they cost nothing to refresh
 and cannot drift from the load). ``email_funnel`` and ``email_funnel_daily`` are tables: a full
@@ -63,6 +66,7 @@ from email_platform.db.engine import make_engine
 from email_platform.db.schema import (
     dead_letters,
     email_attempts,
+    email_event_deletions,
     email_events,
     email_messages,
     email_outbox,
@@ -213,8 +217,11 @@ SOURCES: tuple[Source, ...] = (
     Source(
         email_events,
         "raw_email_events",
-        # The natural key: a re-normalized webhook gets a new email_event_id, not a new event.
-        ("provider", "provider_event_id"),
+        # The source's id: a cheap key to probe (recent ids sit in the last row groups, so
+        # zone maps skip the rest; the natural key (provider, provider_event_id) is two strings
+        # to compare against every loaded row). A re-normalized webhook comes back with a new
+        # id; its old row is removed by its deletion record (see DELETIONS).
+        ("email_event_id",),
         (
             ("provider", "VARCHAR"),
             ("provider_event_id", "VARCHAR"),
@@ -235,6 +242,10 @@ SOURCES: tuple[Source, ...] = (
     ),
 )
 SOURCES_BY_NAME = {source.name: source for source in SOURCES}
+# Rows deleted from email_events, recorded by a trigger: each names the deleted version (id and
+# received_at), which a refresh removes from raw_email_events. Loaded like a source (change
+# marker deleted_at, same look-back); re-reading a record removes nothing twice.
+DELETIONS = email_event_deletions.name
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,6 +367,8 @@ class RefreshSummary:
     full_build: bool
     rows_read: dict[str, int] = field(default_factory=dict)
     rows_loaded: dict[str, int] = field(default_factory=dict)
+    # Loaded rows removed because the source deleted them (provider events: see DELETIONS).
+    rows_removed: dict[str, int] = field(default_factory=dict)
     high_water_marks: dict[str, datetime | None] = field(default_factory=dict)
     messages_rebuilt: int = 0
     days_rebuilt: int = 0
@@ -433,6 +446,10 @@ def _refresh_locked(
             else None
             for source in SOURCES
         }
+        deletions_mark = state.get(DELETIONS)
+        since[DELETIONS] = (
+            deletions_mark - timedelta(seconds=lookback_s) if deletions_mark is not None else None
+        )
         # One transaction from the first load to the saved high-water marks: a refresh that
         # fails or is killed half-way leaves the writer file as the last refresh left it, so
         # the next one loads the same rows again and rebuilds the funnel rows they touch.
@@ -459,6 +476,9 @@ def _refresh_locked(
                 summary.rows_read[source.name] = read
                 summary.rows_loaded[source.name] = loaded
                 summary.high_water_marks[source.name] = hwm or state.get(source.name)
+            events = staged[email_events.name]
+            summary.rows_removed[email_events.name] = events.removed
+            summary.high_water_marks[DELETIONS] = events.deletions_hwm or deletions_mark
             summary.timings_s["extract_load"] = time.perf_counter() - phase
 
             phase = time.perf_counter()
@@ -475,7 +495,11 @@ def _refresh_locked(
             # published snapshot already holds everything, so it stays as it is, and so does
             # the writer file, equal to it. No checkpoint, no new snapshot, no patch.
             unchanged = (
-                publish and not rebuild and summary.total_loaded == 0 and warehouse_path.exists()
+                publish
+                and not rebuild
+                and summary.total_loaded == 0
+                and not summary.rows_removed[email_events.name]
+                and warehouse_path.exists()
             )
             connection.execute("ROLLBACK" if unchanged else "COMMIT")  # commit checkpoints
         except BaseException:
@@ -765,6 +789,11 @@ class _Staged:
     rows: str = ""
     replaces: bool = False
     first_load: bool = False
+    # Provider events only: the loaded rows whose source row was deleted (stage table of row
+    # ids and message ids, "" when none), how many, and the deletion records' high-water mark.
+    gone: str = ""
+    removed: int = 0
+    deletions_hwm: datetime | None = None
 
     def table(self, kind: str) -> str:
         return f"{STAGE}.{self.source.raw_table}{kind}"
@@ -839,6 +868,45 @@ def _key_match(source: Source) -> str:
     return " AND ".join(f"r.{k} = i.{k}" for k in source.key)
 
 
+def _stage_events(
+    connection: duckdb.DuckDBPyConnection,
+    attached: AttachedSource,
+    since: dict[str, datetime | None],
+) -> _Staged:
+    """Stage the provider events, then the deletion records, in that order: a row re-created
+    with a new id is inserted after its old version's record, so reading the records second
+    never sees the new row without the record that removes the old one."""
+    events = SOURCES_BY_NAME[email_events.name]
+    staged = _stage_source(connection, attached, events, since[events.name])
+    records = staged.table("_deletions")
+    query = f'SELECT "email_event_id", "received_at", "deleted_at" FROM "{DELETIONS}"'
+    if since[DELETIONS] is not None:
+        query += f' WHERE "deleted_at" >= {attached.timestamp_literal(since[DELETIONS])}'
+    connection.execute(
+        f"CREATE OR REPLACE TABLE {records} AS SELECT CAST(email_event_id AS BIGINT) AS "
+        "email_event_id, CAST(received_at AS TIMESTAMP) AS received_at, "
+        f"CAST(deleted_at AS TIMESTAMP) AS deleted_at FROM {attached.native_query(query)}"
+    )
+    count, hwm = connection.execute(f"SELECT count(*), max(deleted_at) FROM {records}").fetchone()
+    if not count:
+        return staged
+    staged.deletions_hwm = hwm.replace(tzinfo=UTC)
+    if staged.first_load:
+        return staged  # nothing loaded yet: the first load reads only what the source holds
+    # The record names the deleted version by id and received_at, so a newer row that SQLite
+    # gave the same id (it reuses a deleted newest id) stays.
+    staged.gone = staged.table("_gone")
+    connection.execute(
+        f"CREATE OR REPLACE TABLE {staged.gone} AS SELECT r.rowid AS _row, r.message_id "
+        f"FROM {events.raw_table} AS r SEMI JOIN {records} AS d "
+        "ON r.email_event_id = d.email_event_id AND r.received_at = d.received_at"
+    )
+    staged.removed = connection.execute(f"SELECT count(*) FROM {staged.gone}").fetchone()[0]
+    if not staged.removed:
+        staged.gone = ""
+    return staged
+
+
 def _stage_all(
     connection: duckdb.DuckDBPyConnection,
     attached: AttachedSource,
@@ -847,15 +915,15 @@ def _stage_all(
     """Stage every source, the provider events on a second connection meanwhile.
 
     Reading a source goes through its scanner on one thread (SQLite's is single-threaded), and
-    the provider events are most of the work (at 1M messages: reading ~75,000 rows and probing
-    5M loaded ones), so the other sources are staged on the other core in the meantime.
+    the provider events are most of the work (at 1M messages about 70,000 rows read per
+    refresh), so the other sources are staged on the other core in the meantime.
     """
-    events = SOURCES_BY_NAME["email_events"]
+    events = SOURCES_BY_NAME[email_events.name]
     cursor = connection.cursor()
     try:
         _configure_session(cursor)
         with ThreadPoolExecutor(max_workers=1) as pool:
-            pending = pool.submit(_stage_source, cursor, attached, events, since[events.name])
+            pending = pool.submit(_stage_events, cursor, attached, since)
             staged = {
                 source.name: _stage_source(connection, attached, source, since[source.name])
                 for source in SOURCES
@@ -887,10 +955,16 @@ def _write_source(
         if read and mark_affected:
             _mark_affected(connection, source, raw)
         return read, read, hwm.replace(tzinfo=UTC) if hwm else None, 0
-    if not staged.rows:
+    if not staged.rows and not staged.gone:
         return staged.read, 0, staged.hwm, 0
-    loaded = connection.execute(f"SELECT count(*) FROM {staged.rows}").fetchone()[0]
-    deleted = 0
+    loaded = (
+        connection.execute(f"SELECT count(*) FROM {staged.rows}").fetchone()[0]
+        if staged.rows
+        else 0
+    )
+    # Loaded versions to delete, by row id: no second pass over the raw table. (Nothing was
+    # written since the ids were read: the writer lock keeps other refreshes out.)
+    doomed = []
     if staged.replaces:
         key_match = _key_match(source)
         replaced = (
@@ -898,17 +972,23 @@ def _write_source(
             f"SEMI JOIN {staged.rows} AS i ON {key_match})"
         )
         if mark_affected:
-            # A replaced version may have belonged to another message (a webhook
-            # re-normalized after a mapping fix): that message's funnel row changes too.
+            # A replaced version may have belonged to another message: that message's funnel
+            # row changes too.
             _mark_affected(connection, source, replaced)
-        # Replaced versions go by row id: no second pass over the raw table. (Nothing was
-        # written since the ids were read: the writer lock keeps other refreshes out.)
+        doomed.append(f"SELECT _row FROM {replaced}")
+    if staged.gone:
+        if mark_affected:
+            _mark_affected(connection, source, staged.gone)
+        doomed.append(f"SELECT _row FROM {staged.gone}")
+    deleted = 0
+    if doomed:
         deleted = connection.execute(
-            f"DELETE FROM {raw} WHERE rowid IN (SELECT _row FROM {replaced})"
+            f"DELETE FROM {raw} WHERE rowid IN ({' UNION '.join(doomed)})"
         ).fetchone()[0]
-    connection.execute(f"INSERT INTO {raw} SELECT * FROM {staged.rows}")
-    if mark_affected:
-        _mark_affected(connection, source, staged.rows)
+    if staged.rows:
+        connection.execute(f"INSERT INTO {raw} SELECT * FROM {staged.rows}")
+        if mark_affected:
+            _mark_affected(connection, source, staged.rows)
     return staged.read, loaded, staged.hwm, deleted
 
 
@@ -1026,7 +1106,7 @@ def operational_fingerprint(engine: Engine) -> str:
     load something (a send, an attempt, a webhook, a dead letter resolved), else stays put.
 
     Appended tables use their primary key (an index lookup); the others their markers. One
-    statement of eight indexed max() subqueries: the sensor asks every 10 s.
+    statement of nine indexed max() subqueries: the sensor asks every 10 s.
     """
     parts = [
         select(func.max(email_outbox.c.published_at)),
@@ -1037,6 +1117,7 @@ def operational_fingerprint(engine: Engine) -> str:
         select(func.max(dead_letters.c.dead_letter_id)),
         select(func.max(dead_letters.c.resolved_at)),
         select(func.max(email_events.c.email_event_id)),
+        select(func.max(email_event_deletions.c.deletion_id)),
     ]
     with engine.connect() as connection:
         values = connection.execute(select(*(part.scalar_subquery() for part in parts))).one()

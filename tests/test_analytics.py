@@ -25,6 +25,7 @@ from email_platform.assets.analytics import (
 from email_platform.db.schema import (
     dead_letters,
     email_attempts,
+    email_event_deletions,
     email_events,
     email_messages,
     email_outbox,
@@ -574,6 +575,96 @@ def test_a_provider_event_moved_to_another_message_rebuilds_both_rows(engine, tm
     assert summary.rows_loaded["email_events"] == 1
     assert summary.messages_rebuilt == 2  # the message it left and the one it joined
     _assert_equals_a_full_build(engine, path, tmp_path)
+
+
+def test_a_provider_event_deleted_at_the_source_leaves_the_warehouse(engine, tmp_path):
+    """A provider event row deleted and not re-created (by hand, or a reprocessed webhook that
+    no longer maps to an event) is removed from the warehouse by the next refresh, through the
+    deletion record the trigger wrote; re-reading that record later removes nothing more."""
+    from bench.generate import generate
+
+    now = datetime.now(UTC).replace(microsecond=0)
+    path = tmp_path / "warehouse.duckdb"
+    generate(engine, messages=200, days=1, end=now - timedelta(hours=1))
+    warehouse.refresh(engine, path)
+    with engine.begin() as connection:
+        click = connection.execute(
+            select(email_events).where(email_events.c.event_type == "clicked").limit(1)
+        ).one()
+        connection.execute(
+            email_events.delete().where(email_events.c.email_event_id == click.email_event_id)
+        )
+        recorded = connection.execute(select(email_event_deletions)).all()
+    assert [(r.email_event_id, r.received_at.replace(tzinfo=None)) for r in recorded] == [
+        (click.email_event_id, click.received_at.replace(tzinfo=None))
+    ]
+    funnel = f"SELECT click_count FROM email_funnel WHERE message_id = {click.message_id}"
+    clicks_before = rows(path, funnel)[0]["click_count"]
+
+    summary = warehouse.refresh(engine, path)
+    assert summary.rows_removed["email_events"] == 1
+    assert summary.total_loaded == 0 and summary.messages_rebuilt == 1
+    assert summary.next_writer != "unchanged"
+    assert rows(path, funnel)[0]["click_count"] == clicks_before - 1
+    gone = (
+        f"SELECT count(*) AS n FROM raw_email_events WHERE email_event_id = {click.email_event_id}"
+    )
+    assert rows(path, gone)[0]["n"] == 0
+    _assert_equals_a_full_build(engine, path, tmp_path)
+
+    again = warehouse.refresh(engine, path)  # the record is re-read in the look-back window
+    assert again.rows_removed["email_events"] == 0 and again.next_writer == "unchanged"
+
+
+def test_a_reused_id_is_a_new_row_not_a_deleted_one(engine, tmp_path):
+    """SQLite gives a deleted newest id to the next row. The deletion record names the version
+    (id and received_at), so the new row under the old id is loaded and kept, now and when a
+    later refresh re-reads the record. (PostgreSQL never reuses ids: the test gives it one.)"""
+    from bench.generate import generate
+
+    now = datetime.now(UTC).replace(microsecond=0)
+    path = tmp_path / "warehouse.duckdb"
+    generate(engine, messages=200, days=1, end=now - timedelta(hours=1))
+    warehouse.refresh(engine, path)
+    sqlite = engine.dialect.name == "sqlite"
+    with engine.begin() as connection:
+        newest = connection.execute(
+            select(email_events).order_by(email_events.c.email_event_id.desc()).limit(1)
+        ).one()
+        other = connection.execute(
+            select(email_messages.c.message_id, email_messages.c.event_id)
+            .where(
+                email_messages.c.message_id != newest.message_id, email_messages.c.status == "sent"
+            )
+            .limit(1)
+        ).one()
+        connection.execute(
+            email_events.delete().where(email_events.c.email_event_id == newest.email_event_id)
+        )
+        values = {
+            **newest._mapping,
+            "provider_event_id": "evt_new_one",
+            "event_type": "opened",
+            "machine_open": False,
+            "message_id": other.message_id,
+            "event_id": other.event_id,
+            "received_at": now if not sqlite else now.replace(tzinfo=None),
+        }
+        if sqlite:
+            del values["email_event_id"]  # SQLite picks max(id) + 1: the deleted row's id
+        new_id = connection.execute(insert(email_events).values(**values)).inserted_primary_key[0]
+    assert new_id == newest.email_event_id
+
+    summary = warehouse.refresh(engine, path)
+    assert summary.rows_loaded["email_events"] == 1
+    assert summary.messages_rebuilt == 2  # the message the old row left, the one it joined
+    loaded = f"SELECT provider_event_id FROM raw_email_events WHERE email_event_id = {new_id}"
+    assert rows(path, loaded) == [{"provider_event_id": "evt_new_one"}]
+    _assert_equals_a_full_build(engine, path, tmp_path)
+
+    again = warehouse.refresh(engine, path)  # re-reads the record and the new row
+    assert again.rows_removed["email_events"] == 0 and again.next_writer == "unchanged"
+    assert rows(path, loaded) == [{"provider_event_id": "evt_new_one"}]
 
 
 def test_deleted_rows_are_compacted_once_they_add_up(engine, tmp_path, monkeypatch):

@@ -200,6 +200,8 @@ def _metadata(name: str, summary: core.RefreshSummary) -> dict[str, MetadataValu
         metadata["dagster/row_count"] = MetadataValue.int(summary.table_rows[raw])
         metadata["rows_loaded"] = MetadataValue.int(summary.rows_loaded[source])
         metadata["rows_read"] = MetadataValue.int(summary.rows_read[source])
+        if source in summary.rows_removed:
+            metadata["rows_removed"] = MetadataValue.int(summary.rows_removed[source])
         mark = summary.high_water_marks.get(source)
         if mark is not None:
             metadata["data_through"] = MetadataValue.timestamp(mark)

@@ -209,6 +209,20 @@ Index("ix_email_events_event_id", email_events.c.event_id)
 Index("ix_email_events_message", email_events.c.message_id)
 Index("ix_email_events_received_at", email_events.c.received_at)
 
+# Every email_events row deleted (``webhooks reprocess`` re-creates them with new ids), written
+# by a trigger (migration 0006) so deletions by hand are recorded too: the warehouse loads
+# provider events by id and removes the versions named here.
+email_event_deletions = Table(
+    "email_event_deletions",
+    metadata,
+    Column("deletion_id", Integer, primary_key=True, autoincrement=True),
+    Column("email_event_id", Integer, nullable=False),
+    # The deleted version's received_at: with its id, it names that version.
+    Column("received_at", DateTime(timezone=True), nullable=False),
+    Column("deleted_at", DateTime(timezone=True), nullable=False),
+)
+Index("ix_email_event_deletions_deleted_at", email_event_deletions.c.deleted_at)
+
 # One row per lane-worker run: its heartbeat tells the lane sensor a worker is alive (a run
 # whose process died stays STARTED in Dagster with the default run launcher).
 lane_workers = Table(
