@@ -130,8 +130,7 @@ def _run(
     for round_ in range(rounds):
         end = now + timedelta(minutes=10 * (round_ + 1))
         generate(url, messages=increment, days=0.005, end=end, seed=100 + round_,
-                 late_events_for_existing=increment // 5,
-                 late_recency_days=late_recency_days)  # fmt: skip
+                 steady_state=True, late_recency_days=late_recency_days)  # fmt: skip
         step = _measure(url, str(path), False)
         results.append({"step": f"incremental +{increment:,} #{round_ + 1}", **step})
     nothing = _measure(url, str(path), False)

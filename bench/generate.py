@@ -71,6 +71,8 @@ class Generated:
     attempts: int = 0
     provider_events: int = 0
     dead_letters: int = 0
+    # Provider events of these messages that would be received after ``end`` (not written).
+    deferred: int = 0
     seconds: float = 0.0
     next_ids: dict[str, int] = field(default_factory=dict)
 
@@ -98,14 +100,21 @@ def generate(
     rates: Rates | None = None,
     late_events_for_existing: int = 0,
     late_recency_days: float | None = 2.0,
+    steady_state: bool = False,
 ) -> Generated:
     """Append ``messages`` messages spread over ``days`` days ending at ``end`` (default now).
 
-    ``late_events_for_existing`` adds that many provider events (opens, clicks) for messages
-    that already existed: the late engagement an incremental refresh must pick up. Real late
-    engagement is mostly recent (people open mail within days): the message's age is drawn
-    from an exponential distribution with mean ``late_recency_days``; ``None`` picks messages
-    uniformly over the whole history (the worst case for an incremental refresh).
+    Each provider event is received 0.05-3 s after it occurred, and only those received by
+    ``end`` are written: an open hours after a send has not happened yet at ``end``.
+
+    ``late_events_for_existing`` adds that many provider events (human opens) for messages
+    that already existed: the late engagement an incremental refresh must pick up, received
+    over the same ``days``. ``steady_state`` adds as many as this batch's messages still have
+    to come (``Generated.deferred``): in a steady flow, older messages' late events arrive at
+    the rate new messages defer theirs. Real late engagement is mostly recent (people open
+    mail within days): the message's age is drawn from an exponential distribution with mean
+    ``late_recency_days``; ``None`` picks messages uniformly over the whole history (the worst
+    case for an incremental refresh).
     """
     started = time.perf_counter()
     engine = make_engine(database) if isinstance(database, str) else database
@@ -203,22 +212,33 @@ def generate(
     ev_t = np.concatenate(ev_type) if ev_type else np.array([], dtype=object)
     ev_at = np.concatenate(ev_time) if ev_time else np.array([], dtype="datetime64[us]")
     ev_x = np.concatenate(ev_extra) if ev_extra else np.array([], dtype=object)
-    # Late engagement for messages that already existed.
-    late_m = np.array([], dtype=np.int64)
-    if late_events_for_existing and first_message > 1:
-        late_m = _late_messages(
-            engine, first_message, late_events_for_existing, late_recency_days, end, rng
+    received = ev_at + rng.integers(50_000, 3_000_000, ev_at.size) * us
+    arrived = received <= end64
+    deferred = int(ev_at.size - arrived.sum())
+    ev_m, ev_t, ev_at, ev_x, received = (a[arrived] for a in (ev_m, ev_t, ev_at, ev_x, received))
+    # Late engagement for messages that already existed, received over this batch's span.
+    late = late_events_for_existing + (deferred if steady_state else 0)
+    if late and first_message > 1:
+        late_m, late_created = _late_messages(
+            engine, first_message, late, late_recency_days, end, rng
         )
-    received = np.concatenate(
-        [ev_at + rng.integers(50_000, 3_000_000, ev_at.size) * us, np.full(late_m.size, end64)]
-    )
-    received = np.minimum(received, end64 + np.timedelta64(1, "s"))
-    ev_at = np.concatenate([ev_at, np.full(late_m.size, end64 - 60_000_000 * us)])
-    ev_m = np.concatenate([ev_m, late_m])
-    ev_t = np.concatenate([ev_t, np.full(late_m.size, "opened", dtype=object)])
-    ev_x = np.concatenate([ev_x, np.full(late_m.size, False, dtype=object)])
+        late_received = end64 - (rng.random(late_m.size) * days * 86_400e6).astype(np.int64) * us
+        # Not before the message could have been opened (a minute after it was created).
+        late_received = np.maximum(late_received, late_created + 60_000_000 * us)
+        keep = late_received <= end64
+        late_m, late_received = late_m[keep], late_received[keep]
+        late_at = late_received - rng.integers(50_000, 3_000_000, late_m.size) * us
+        ev_m = np.concatenate([ev_m, late_m])
+        ev_t = np.concatenate([ev_t, np.full(late_m.size, "opened", dtype=object)])
+        ev_at = np.concatenate([ev_at, late_at])
+        ev_x = np.concatenate([ev_x, np.full(late_m.size, False, dtype=object)])
+        received = np.concatenate([received, late_received])
     orphan = rng.random(ev_m.size) < rates.orphan
     order = np.argsort(received, kind="stable")
+    # The delivery status a message shows is the one its arrived events gave it.
+    own = np.isin(ev_m, ids)
+    bounced_by_end = np.isin(ids, ev_m[own & (ev_t == "bounced")])
+    delivered_by_end = np.isin(ids, ev_m[own & (ev_t == "delivered")])
 
     template = np.array([t[0] for t in TEMPLATES], dtype=object)[template_index]
     etype = np.array([t[1] for t in TEMPLATES], dtype=object)[template_index]
@@ -228,7 +248,7 @@ def generate(
     accepted_s = _ts(np.where(sent, accepted, np.datetime64("NaT")), sqlite)
     done_s = updated_s
     delivery_status = np.where(
-        bounced | late_bounce, "bounced", np.where(delivered, "delivered", None)
+        bounced_by_end, "bounced", np.where(delivered_by_end, "delivered", None)
     )
     ids_l, template_l, lane_l, domain_l = ids.tolist(), template.tolist(), lane.tolist(), domain
     outbox_rows = [
@@ -353,6 +373,7 @@ def generate(
         attempts=len(attempt_rows),
         provider_events=len(event_rows),
         dead_letters=len(dead_rows),
+        deferred=deferred,
         seconds=time.perf_counter() - started,
     )
 
@@ -381,10 +402,12 @@ def _late_messages(
     recency_days: float | None,
     end: datetime,
     rng: np.random.Generator,
-) -> np.ndarray:
-    """Existing message ids that get a late event: uniform, or weighted towards recent ones."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """Existing message ids that get a late event (uniform, or weighted towards recent ones),
+    with when each was created."""
     if recency_days is None:
-        return rng.integers(1, first_message, count)
+        ids = rng.integers(1, first_message, count)
+        return ids, _created(engine, ids)
     since = end - timedelta(days=recency_days * 5)
     if engine.dialect.name == "postgresql":
         since = since.replace(tzinfo=UTC)
@@ -395,12 +418,36 @@ def _late_messages(
             )
         ).all()
     if not rows:
-        return rng.integers(1, first_message, count)
+        ids = rng.integers(1, first_message, count)
+        return ids, _created(engine, ids)
     ids = np.array([r[0] for r in rows], dtype=np.int64)
-    created = [r[1].astimezone(UTC).replace(tzinfo=None) if r[1].tzinfo else r[1] for r in rows]
-    ages_days = np.array([(end - at).total_seconds() / 86_400 for at in created])
+    created = _naive64([r[1] for r in rows])
+    ages_days = (np.datetime64(end, "us") - created) / np.timedelta64(1, "D")
     weights = np.exp(-np.clip(ages_days, 0, None) / recency_days)
-    return rng.choice(ids, count, p=weights / weights.sum())
+    chosen = rng.choice(ids.size, count, p=weights / weights.sum())
+    return ids[chosen], created[chosen]
+
+
+def _naive64(values: list[datetime]) -> np.ndarray:
+    naive = [v.astimezone(UTC).replace(tzinfo=None) if v.tzinfo else v for v in values]
+    return np.array(naive, dtype="datetime64[us]")
+
+
+def _created(engine: Engine, ids: np.ndarray) -> np.ndarray:
+    """When each of ``ids`` was created (in that order)."""
+    found: dict[int, datetime] = {}
+    unique = np.unique(ids).tolist()
+    with engine.connect() as connection:
+        for start in range(0, len(unique), 900):  # under SQLite's bound-parameter limit
+            chunk = unique[start : start + 900]
+            found.update(
+                connection.execute(
+                    select(email_messages.c.message_id, email_messages.c.created_at).where(
+                        email_messages.c.message_id.in_(chunk)
+                    )
+                ).all()
+            )
+    return _naive64([found[i] for i in ids.tolist()])
 
 
 def main(argv: list[str] | None = None) -> None:
