@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
-from sqlalchemy import Engine, func, insert, select
+from sqlalchemy import Engine, bindparam, func, insert, select, update
 
 from email_platform.db.engine import make_engine, upgrade
 from email_platform.db.schema import (
@@ -30,6 +30,7 @@ from email_platform.db.schema import (
     email_messages,
     email_outbox,
 )
+from email_platform.webhooks.vocabulary import RANK
 
 TEMPLATES = (
     # template, event type, lane, share of traffic
@@ -73,6 +74,8 @@ class Generated:
     dead_letters: int = 0
     # Provider events of these messages that would be received after ``end`` (not written).
     deferred: int = 0
+    # Older messages whose delivery status their late events raised (opened, say).
+    statuses_raised: int = 0
     seconds: float = 0.0
     next_ids: dict[str, int] = field(default_factory=dict)
 
@@ -235,10 +238,25 @@ def generate(
         received = np.concatenate([received, late_received])
     orphan = rng.random(ev_m.size) < rates.orphan
     order = np.argsort(received, kind="stable")
-    # The delivery status a message shows is the one its arrived events gave it.
-    own = np.isin(ev_m, ids)
-    bounced_by_end = np.isin(ids, ev_m[own & (ev_t == "bounced")])
-    delivered_by_end = np.isin(ids, ev_m[own & (ev_t == "delivered")])
+    # Each message's delivery status as ingestion keeps it: its highest-ranked arrived event,
+    # set when that event was received; late events raise older messages' status.
+    rank = np.array([RANK[t] for t in ev_t.tolist()], dtype=np.int64)
+    received_us = received.astype(np.int64)
+    position = ev_m - first_message
+    own = ~orphan & (position >= 0)
+    top = np.zeros(n, dtype=np.int64)
+    np.maximum.at(top, position[own], rank[own])
+    reached = own.copy()
+    reached[own] = rank[own] == top[position[own]]
+    status_since = np.full(n, np.iinfo(np.int64).max)
+    np.minimum.at(status_since, position[reached], received_us[reached])
+    status_names = {value: name for name, value in RANK.items() if name in set(ev_t.tolist())}
+    delivery_status = np.array([status_names.get(r) for r in top.tolist()], dtype=object)
+    status_at = status_since.astype("datetime64[us]")
+    status_at[top == 0] = np.datetime64("NaT")
+    status_updated = _ts(status_at, sqlite)
+    older = ~orphan & (position < 0)
+    raised = _raised_statuses(engine, ev_m[older], ev_t[older], received[older])
 
     template = np.array([t[0] for t in TEMPLATES], dtype=object)[template_index]
     etype = np.array([t[1] for t in TEMPLATES], dtype=object)[template_index]
@@ -247,9 +265,6 @@ def generate(
     updated_s = _ts(updated, sqlite)
     accepted_s = _ts(np.where(sent, accepted, np.datetime64("NaT")), sqlite)
     done_s = updated_s
-    delivery_status = np.where(
-        bounced_by_end, "bounced", np.where(delivered_by_end, "delivered", None)
-    )
     ids_l, template_l, lane_l, domain_l = ids.tolist(), template.tolist(), lane.tolist(), domain
     outbox_rows = [
         {
@@ -290,7 +305,7 @@ def generate(
             "updated_at": updated_s[i],
             "sent_at": accepted_s[i],
             "delivery_status": delivery_status[i],
-            "delivery_updated_at": updated_s[i] if delivery_status[i] else None,
+            "delivery_updated_at": status_updated[i] if delivery_status[i] else None,
         }
         for i in range(n)
     ]
@@ -366,6 +381,13 @@ def generate(
             (email_events, event_rows),
         ):
             _bulk_insert(connection, table, rows, sqlite)
+        if raised:
+            connection.execute(
+                update(email_messages)
+                .where(email_messages.c.message_id == bindparam("m"))
+                .values(delivery_status=bindparam("s"), delivery_updated_at=bindparam("at")),
+                raised,
+            )
     if isinstance(database, str):
         engine.dispose()
     return Generated(
@@ -374,6 +396,7 @@ def generate(
         provider_events=len(event_rows),
         dead_letters=len(dead_rows),
         deferred=deferred,
+        statuses_raised=len(raised),
         seconds=time.perf_counter() - started,
     )
 
@@ -426,6 +449,42 @@ def _late_messages(
     weights = np.exp(-np.clip(ages_days, 0, None) / recency_days)
     chosen = rng.choice(ids.size, count, p=weights / weights.sum())
     return ids[chosen], created[chosen]
+
+
+def _raised_statuses(
+    engine: Engine, messages: np.ndarray, types: np.ndarray, received: np.ndarray
+) -> list[dict]:
+    """Status updates for existing messages that got late events: the highest-ranked of their
+    current status and the new events, when it beats the current one (as ingestion does)."""
+    if not messages.size:
+        return []
+    current: dict[int, str | None] = {}
+    unique = np.unique(messages).tolist()
+    with engine.connect() as connection:
+        for start in range(0, len(unique), 900):
+            chunk = unique[start : start + 900]
+            current.update(
+                connection.execute(
+                    select(email_messages.c.message_id, email_messages.c.delivery_status).where(
+                        email_messages.c.message_id.in_(chunk)
+                    )
+                ).all()
+            )
+    best: dict[int, tuple[int, np.datetime64]] = {}
+    arrivals = zip(messages.tolist(), types.tolist(), received, strict=True)
+    for m, kind, at in sorted(arrivals, key=lambda r: r[2]):
+        rank = RANK[kind]
+        if rank > best.get(m, (RANK.get(current.get(m) or "", 0), at))[0]:
+            best[m] = (rank, at)
+    names = {value: name for name, value in RANK.items() if name in set(types.tolist())}
+    aware = engine.dialect.name == "postgresql"
+    updates = []
+    for m, (rank, at) in best.items():
+        when = at.astype("datetime64[us]").astype(datetime)
+        updates.append(
+            {"m": m, "s": names[rank], "at": when.replace(tzinfo=UTC) if aware else when}
+        )
+    return updates
 
 
 def _naive64(values: list[datetime]) -> np.ndarray:

@@ -6,6 +6,7 @@ from sqlalchemy import create_engine, text
 
 from bench.analytics import run
 from bench.generate import generate
+from email_platform.webhooks.vocabulary import combine
 
 
 def test_benchmark_smoke(tmp_path):
@@ -45,7 +46,19 @@ def test_generated_events_arrive_after_they_occur_and_by_the_batch_end(tmp_path)
             ),
             {"end": str(end.replace(tzinfo=None))},
         ).one()
+        events = connection.execute(
+            text("SELECT message_id, event_type FROM email_events WHERE message_id IS NOT NULL")
+        ).all()
+        statuses = dict(
+            connection.execute(text("SELECT message_id, delivery_status FROM email_messages")).all()
+        )
     engine.dispose()
+    # Each message shows the status ingestion would give it from its events, late ones too.
+    expected: dict[int, str | None] = dict.fromkeys(statuses)
+    for message_id, kind in events:
+        expected[message_id] = combine(expected[message_id], kind)
+    assert statuses == expected
+    assert batch.statuses_raised > 0
     assert after == 0 and wrong_order == 0
     assert before == history.provider_events + batch.provider_events
     # Late opens for the first 2,000 messages: as many as the batch deferred, less the few
