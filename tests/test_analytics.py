@@ -86,7 +86,7 @@ PROVIDER_EVENTS = [
 ]
 
 
-def write_fixture(engine: Engine) -> None:
+def write_fixture(engine: Engine, provider_events: list = PROVIDER_EVENTS) -> None:
     aware = engine.dialect.name == "postgresql"
     ts = at if aware else naive
 
@@ -182,6 +182,14 @@ def write_fixture(engine: Engine) -> None:
                 created_at=when(124),
             )
         )
+    write_provider_events(engine, provider_events)
+
+
+def write_provider_events(engine: Engine, provider_events: list) -> None:
+    aware = engine.dialect.name == "postgresql"
+    stamp = at if aware else naive
+    event_of = {m[0]: m[1] for m in MESSAGES}
+    with engine.begin() as connection:
         connection.execute(
             insert(email_events),
             [
@@ -189,8 +197,8 @@ def write_fixture(engine: Engine) -> None:
                     "provider": "sandbox",
                     "provider_event_id": pid,
                     "event_type": kind,
-                    "occurred_at": when(occurred),
-                    "received_at": when(received),
+                    "occurred_at": stamp(occurred),
+                    "received_at": stamp(received),
                     "event_id": event_of.get(mid),
                     "message_id": mid,
                     "provider_message_id": f"sbx_{mid}",
@@ -200,7 +208,7 @@ def write_fixture(engine: Engine) -> None:
                     "click_url": extra.get("click_url"),
                     "machine_open": extra.get("machine_open"),
                 }
-                for pid, mid, kind, occurred, received, extra in PROVIDER_EVENTS
+                for pid, mid, kind, occurred, received, extra in provider_events
             ],
         )
 
@@ -317,6 +325,36 @@ def test_funnel_matches_the_hand_checked_rows_column_by_column(loaded):
     # Nothing identifying a person reaches the warehouse.
     columns = rows(path, "SELECT column_name FROM information_schema.columns")
     assert not {"recipient", "payload", "raw", "user_agent"} & {c["column_name"] for c in columns}
+
+
+def test_provider_events_arriving_later_update_the_hand_checked_rows(engine, tmp_path):
+    """The fixture's provider events in two refreshes: a first delivery, opens and a hard
+    bounce load with the messages; the rest arrive later: an earlier duplicate delivery, an
+    open that happened before the loaded one, clicks, a soft bounce after the hard one, a
+    complaint before its message's delivered event, an orphan. The incremental rebuild of the
+    messages they reach keeps each step's earliest time, adds the counts up and lets the hard
+    bounce win: every column matches the hand-checked rows, the daily table a full build."""
+    first = {"p1", "p3", "p4", "p8", "p9"}
+    write_fixture(engine, provider_events=[e for e in PROVIDER_EVENTS if e[0] in first])
+    path = tmp_path / "warehouse.duckdb"
+    warehouse.refresh(engine, path)
+    later = [e for e in PROVIDER_EVENTS if e[0] not in first]
+    later.append(("p15", 2, "bounced", 320, 0, {"bounce_type": "soft"}))
+    # Received after the first refresh (when they occurred is what the funnel shows).
+    later = [
+        (pid, m, kind, occurred, 1_000 + i, x)
+        for i, (pid, m, kind, occurred, _, x) in enumerate(later)
+    ]
+    write_provider_events(engine, later)
+    summary = warehouse.refresh(engine, path)
+    assert not summary.full_build and summary.rows_loaded["email_events"] == len(later)
+    # Messages 1 and 2 had loaded events, message 4 none; the orphan reaches no funnel row.
+    assert summary.messages_rebuilt == 3
+    got = rows(path, "SELECT * FROM email_funnel ORDER BY message_id")
+    for expected, actual in zip(EXPECTED_FUNNEL, got, strict=True):
+        for column in FUNNEL_COLUMNS:
+            assert actual[column] == expected[column], (expected["message_id"], column)
+    _assert_equals_a_full_build(engine, path, tmp_path)
 
 
 def test_daily_counts_rates_and_machine_opens_apart(loaded):

@@ -10,7 +10,7 @@ from sqlalchemy import func, select
 from starlette.testclient import TestClient
 
 from email_platform.db.engine import make_engine
-from email_platform.db.schema import email_events, webhook_inbox
+from email_platform.db.schema import email_event_deletions, email_events, webhook_inbox
 from email_platform.ingestion import WebhookIngestor
 from email_platform.store import suppressions
 from email_platform.webhooks.receiver import create_receiver_app
@@ -342,6 +342,14 @@ def test_ingestion_job_applies_the_batch_and_purges_past_retention(
     ]
     _post_all(engine, fresh)
     pending = [r.inbox_id for r in _inbox(engine) if r.status == "pending"]
+    with engine.begin() as connection:  # records of deleted provider events, one past retention
+        connection.execute(
+            email_event_deletions.insert(),
+            [
+                {"email_event_id": 7, "received_at": utcnow(), "deleted_at": utcnow() - age}
+                for age in (timedelta(days=91), timedelta(days=1))
+            ],
+        )
     monkeypatch.setenv("EMAIL_PLATFORM_WEBHOOK_RETENTION_DAYS", "90")
     job = build_definitions(app_database=AppDatabase(url=database_url)).get_job_def(
         "ingest_webhooks_job"
@@ -353,10 +361,15 @@ def test_ingestion_job_applies_the_batch_and_purges_past_retention(
     assert result.success
     summary = result.output_for_node("ingest_webhook_batch")
     assert (summary["claimed"], summary["applied"], summary["purged"]) == (2, 2, 1)
+    assert summary["deletion_records_purged"] == 1
     assert [r.status for r in _inbox(engine)] == ["processed", "processed"]
     with engine.connect() as connection:
         # The raw body went; the normalized event it produced stays for analytics.
         assert connection.execute(select(func.count()).select_from(email_events)).scalar() == 3
+        kept = connection.execute(select(email_event_deletions.c.deleted_at)).scalars().all()
+        assert len(kept) == 1 and kept[0].replace(tzinfo=None) > (
+            utcnow() - timedelta(days=2)
+        ).replace(tzinfo=None)
 
 
 def test_trace_shows_the_provider_events_of_an_event(engine, database_url, sandbox):

@@ -15,7 +15,7 @@ from dagster import (
 from email_platform import config as settings
 from email_platform.ingestion import WebhookIngestor
 from email_platform.resources import AppDatabase
-from email_platform.store import inbox
+from email_platform.store import email_events, inbox
 from email_platform.timeutil import utcnow
 
 
@@ -39,10 +39,14 @@ def ingest_webhook_batch(
     engine = app_database.get_engine()
     outcome = WebhookIngestor(engine, log=context.log).run(config.inbox_ids, run_id=context.run_id)
     summary = outcome.as_metadata()
-    # Retention: raw bodies are kept for re-normalization, then dropped.
+    # Retention: raw bodies are kept for re-normalization, then dropped; so are the records
+    # of deleted provider events (see email_event_deletions).
     cutoff = utcnow() - timedelta(days=settings.webhook_retention_days())
     with engine.begin() as connection:
         summary["purged"] = inbox.purge_processed(connection, received_before=cutoff)
+        summary["deletion_records_purged"] = email_events.purge_deletion_records(
+            connection, deleted_before=cutoff
+        )
     context.log.info(
         f"inbox {config.inbox_ids[0]}..{config.inbox_ids[-1]}: "
         + " ".join(f"{k}={v}" for k, v in summary.items())

@@ -1,11 +1,12 @@
 """Reads and writes of ``email_events``: normalized provider events, each stored once."""
 
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Row, delete, insert, select
 from sqlalchemy.exc import IntegrityError
 
-from email_platform.db.schema import email_events
+from email_platform.db.schema import email_event_deletions, email_events
 
 
 def add(connection: Connection, values: dict[str, Any]) -> bool:
@@ -50,4 +51,12 @@ def delete_for_inbox_rows(connection: Connection, inbox_ids: list[int]) -> int:
     """Forget what these stored webhooks produced, so they can be normalized afresh."""
     return connection.execute(
         delete(email_events).where(email_events.c.inbox_id.in_(inbox_ids))
+    ).rowcount
+
+
+def purge_deletion_records(connection: Connection, *, deleted_before: datetime) -> int:
+    """Drop the records of rows deleted before ``deleted_before``: the warehouse reads them
+    within minutes, and rebuilds from scratch daily anyway."""
+    return connection.execute(
+        delete(email_event_deletions).where(email_event_deletions.c.deleted_at < deleted_before)
     ).rowcount
