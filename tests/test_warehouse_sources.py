@@ -51,3 +51,26 @@ def test_attached_sqlite_is_read_only(tmp_path):
     assert duck.execute(f"SELECT CAST(id AS BIGINT) FROM {query}").fetchall() == [(1,)]
     with pytest.raises(duckdb.Error, match=r"read-only|read only"):
         duck.execute(f"INSERT INTO {source.table('t')} VALUES (2, NULL)")
+
+
+def test_attached_sqlite_keeps_one_scanner_connection_open_without_blocking_writers(tmp_path):
+    """While attached, one scanner connection stays open (so concurrent readers never wait a
+    whole second for a WAL index rebuild): the application still commits meanwhile, readers
+    see the commit, and detach lets it go."""
+    from email_platform.db.engine import make_engine
+
+    path = tmp_path / "app.sqlite3"
+    engine = make_engine(f"sqlite:///{path}")  # the application's settings: WAL
+    with engine.begin() as connection:
+        connection.exec_driver_sql("CREATE TABLE t (id INTEGER PRIMARY KEY)")
+        connection.exec_driver_sql("INSERT INTO t VALUES (1)")
+    duck = duckdb.connect()
+    source = attach(duck, engine)
+    assert source.keeper is not None
+    with engine.begin() as connection:  # BEGIN IMMEDIATE: a writer gets through
+        connection.exec_driver_sql("INSERT INTO t VALUES (2)")
+    assert duck.execute(f"SELECT count(*) FROM {source.table('t')}").fetchone() == (2,)
+    warehouse_sources.detach(duck, source)
+    with pytest.raises(duckdb.Error):
+        source.keeper.execute("SELECT 1")  # closed with the source
+    engine.dispose()
