@@ -140,15 +140,22 @@ def _keep_open(connection: duckdb.DuckDBPyConnection, alias: str) -> duckdb.Duck
     index while holding its lock, and a second reading meanwhile backs off by sleeping: the
     scanner's SQLite sleeps a whole second (seen with strace: one refresh in three took 1 s
     longer). A transaction held open here keeps the index in place, so later readers never
-    wait for a rebuild. It reads nothing but the schema (WAL readers do not block writers).
+    wait for a rebuild. It reads nothing but the schema, and the application database is in
+    WAL mode (db.engine sets it), where a reader does not block writers.
     """
     keeper = connection.cursor()
     try:
         keeper.execute("BEGIN TRANSACTION")
-        keeper.execute(
-            f"SELECT count(*) FROM duckdb_tables() WHERE database_name = {sql_string(alias)}"
-        )
-        keeper.fetchall()
+        # Binding a table of the source reads SQLite's schema in the keeper's transaction, which
+        # then holds a read snapshot (an open connection alone did not stop the sleeps). Only
+        # the source: a transaction open on the warehouse would keep its commit from
+        # checkpointing.
+        table = connection.execute(
+            f"SELECT table_name FROM duckdb_tables() WHERE database_name = {sql_string(alias)} "
+            "LIMIT 1"
+        ).fetchone()
+        if table:
+            keeper.execute(f'SELECT 1 FROM {alias}."{table[0]}" LIMIT 0').fetchall()
     except BaseException:
         keeper.close()
         raise
