@@ -458,18 +458,7 @@ def _raised_statuses(
     current status and the new events, when it beats the current one (as ingestion does)."""
     if not messages.size:
         return []
-    current: dict[int, str | None] = {}
-    unique = np.unique(messages).tolist()
-    with engine.connect() as connection:
-        for start in range(0, len(unique), 900):
-            chunk = unique[start : start + 900]
-            current.update(
-                connection.execute(
-                    select(email_messages.c.message_id, email_messages.c.delivery_status).where(
-                        email_messages.c.message_id.in_(chunk)
-                    )
-                ).all()
-            )
+    current = _message_values(engine, messages, email_messages.c.delivery_status)
     best: dict[int, tuple[int, np.datetime64]] = {}
     arrivals = zip(messages.tolist(), types.tolist(), received, strict=True)
     for m, kind, at in sorted(arrivals, key=lambda r: r[2]):
@@ -494,19 +483,25 @@ def _naive64(values: list[datetime]) -> np.ndarray:
 
 def _created(engine: Engine, ids: np.ndarray) -> np.ndarray:
     """When each of ``ids`` was created (in that order)."""
-    found: dict[int, datetime] = {}
+    found = _message_values(engine, ids, email_messages.c.created_at)
+    return _naive64([found[i] for i in ids.tolist()])
+
+
+def _message_values(engine: Engine, ids: np.ndarray, column) -> dict:  # type: ignore[no-untyped-def]
+    """``column`` of each message in ``ids``, by message id."""
+    found = {}
     unique = np.unique(ids).tolist()
     with engine.connect() as connection:
         for start in range(0, len(unique), 900):  # under SQLite's bound-parameter limit
             chunk = unique[start : start + 900]
             found.update(
                 connection.execute(
-                    select(email_messages.c.message_id, email_messages.c.created_at).where(
+                    select(email_messages.c.message_id, column).where(
                         email_messages.c.message_id.in_(chunk)
                     )
                 ).all()
             )
-    return _naive64([found[i] for i in ids.tolist()])
+    return found
 
 
 def main(argv: list[str] | None = None) -> None:
