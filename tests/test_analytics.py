@@ -942,6 +942,11 @@ def test_sensor_requests_a_refresh_only_when_something_changed(engine, database_
     assert {k.path[-1] for k in first.asset_selection} == set(MODELS)
     skipped, cursor = tick(cursor)
     assert "Nothing new" in skipped.skip_message
+    # A provider event deleted, not the newest: only its deletion record moves the digest.
+    with engine.begin() as connection:
+        connection.execute(email_events.delete().where(email_events.c.provider_event_id == "p3"))
+    deleted, cursor = tick(cursor)
+    assert deleted.run_key and deleted.run_key != first.run_key
     touch(10_000)
     again, cursor = tick(cursor)
     assert again.run_key != first.run_key
