@@ -426,28 +426,31 @@ def _late_messages(
     end: datetime,
     rng: np.random.Generator,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Existing message ids that get a late event (uniform, or weighted towards recent ones),
-    with when each was created."""
-    if recency_days is None:
-        ids = rng.integers(1, first_message, count)
-        return ids, _created(engine, ids)
-    since = end - timedelta(days=recency_days * 5)
-    if engine.dialect.name == "postgresql":
-        since = since.replace(tzinfo=UTC)
+    """Existing messages that get a late open, with when each was created: delivered ones only
+    (sent, not bounced), uniformly over the history or weighted towards recent ones."""
+    delivered = (email_messages.c.status == "sent") & (
+        email_messages.c.delivery_status.is_(None) | (email_messages.c.delivery_status != "bounced")
+    )
+    query = select(email_messages.c.message_id, email_messages.c.created_at).where(
+        delivered, email_messages.c.message_id < first_message
+    )
+    if recency_days is not None:
+        since = end - timedelta(days=recency_days * 5)
+        if engine.dialect.name == "postgresql":
+            since = since.replace(tzinfo=UTC)
+        query = query.where(email_messages.c.created_at >= since)
     with engine.connect() as connection:
-        rows = connection.execute(
-            select(email_messages.c.message_id, email_messages.c.created_at).where(
-                email_messages.c.created_at >= since
-            )
-        ).all()
+        rows = connection.execute(query).all()
     if not rows:
-        ids = rng.integers(1, first_message, count)
-        return ids, _created(engine, ids)
+        return np.array([], dtype=np.int64), np.array([], dtype="datetime64[us]")
     ids = np.array([r[0] for r in rows], dtype=np.int64)
     created = _naive64([r[1] for r in rows])
-    ages_days = (np.datetime64(end, "us") - created) / np.timedelta64(1, "D")
-    weights = np.exp(-np.clip(ages_days, 0, None) / recency_days)
-    chosen = rng.choice(ids.size, count, p=weights / weights.sum())
+    if recency_days is None:
+        chosen = rng.choice(ids.size, count)
+    else:
+        ages_days = (np.datetime64(end, "us") - created) / np.timedelta64(1, "D")
+        weights = np.exp(-np.clip(ages_days, 0, None) / recency_days)
+        chosen = rng.choice(ids.size, count, p=weights / weights.sum())
     return ids[chosen], created[chosen]
 
 
@@ -479,12 +482,6 @@ def _raised_statuses(
 def _naive64(values: list[datetime]) -> np.ndarray:
     naive = [v.astimezone(UTC).replace(tzinfo=None) if v.tzinfo else v for v in values]
     return np.array(naive, dtype="datetime64[us]")
-
-
-def _created(engine: Engine, ids: np.ndarray) -> np.ndarray:
-    """When each of ``ids`` was created (in that order)."""
-    found = _message_values(engine, ids, email_messages.c.created_at)
-    return _naive64([found[i] for i in ids.tolist()])
 
 
 def _message_values(engine: Engine, ids: np.ndarray, column) -> dict:  # type: ignore[no-untyped-def]

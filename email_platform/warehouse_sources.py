@@ -139,15 +139,16 @@ def _keep_open(connection: duckdb.DuckDBPyConnection, alias: str) -> duckdb.Duck
     threads at once. When none of them has the file open, the first to read rebuilds the WAL
     index while holding its lock, and a second reading meanwhile backs off by sleeping: the
     scanner's SQLite sleeps a whole second (seen with strace: one refresh in three took 1 s
-    longer). A transaction held open here keeps the index in place, so later readers never
-    wait for a rebuild. It reads nothing but the schema, and the application database is in
-    WAL mode (db.engine sets it), where a reader does not block writers.
+    longer). A connection that has read the file keeps the index mapped in this process, so
+    later readers never wait for a rebuild. It holds no snapshot between statements (it sees
+    later commits, and does not keep a checkpoint from resetting the log), and it blocks no
+    writer: the application database is in WAL mode (db.engine sets it).
     """
     keeper = connection.cursor()
     try:
         keeper.execute("BEGIN TRANSACTION")
-        # Binding a table of the source reads SQLite's schema in the keeper's transaction, which
-        # then holds a read snapshot (an open connection alone did not stop the sleeps). Only
+        # Binding a table of the source makes the keeper's connection read the file (one that
+        # only prepared a statement never touched the WAL index, and the sleeps went on). Only
         # the source: a transaction open on the warehouse would keep its commit from
         # checkpointing.
         table = connection.execute(
@@ -164,6 +165,5 @@ def _keep_open(connection: duckdb.DuckDBPyConnection, alias: str) -> duckdb.Duck
 
 def detach(connection: duckdb.DuckDBPyConnection, source: AttachedSource) -> None:
     if source.keeper is not None:
-        source.keeper.execute("ROLLBACK")
-        source.keeper.close()
+        source.keeper.close()  # rolls its transaction back
     connection.execute(f"DETACH {source.alias}")

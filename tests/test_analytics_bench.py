@@ -46,6 +46,15 @@ def test_generated_events_arrive_after_they_occur_and_by_the_batch_end(tmp_path)
             ),
             {"end": str(end.replace(tzinfo=None))},
         ).one()
+        undelivered = connection.execute(
+            text(
+                "SELECT count(*) FROM email_events AS e JOIN email_messages AS m "
+                "ON m.message_id = e.message_id WHERE e.received_at > :end "
+                "AND m.message_id <= 2000 AND (m.status != 'sent' OR EXISTS (SELECT 1 FROM "
+                "email_events AS b WHERE b.message_id = m.message_id AND b.event_type = 'bounced'))"
+            ),
+            {"end": str(end.replace(tzinfo=None))},
+        ).scalar()
         events = connection.execute(
             text("SELECT message_id, event_type FROM email_events WHERE message_id IS NOT NULL")
         ).all()
@@ -59,6 +68,7 @@ def test_generated_events_arrive_after_they_occur_and_by_the_batch_end(tmp_path)
         expected[message_id] = combine(expected[message_id], kind)
     assert statuses == expected
     assert batch.statuses_raised > 0
+    assert undelivered == 0  # late opens only for messages that were delivered
     assert after == 0 and wrong_order == 0
     assert before == history.provider_events + batch.provider_events
     # Late opens for the first 2,000 messages: as many as the batch deferred, less the few
