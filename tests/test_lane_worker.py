@@ -142,18 +142,21 @@ def test_exhausted_retries_become_dead_letters(engine, sandbox):
     assert result.totals["dead_lettered"] == 1
 
 
-def test_two_workers_on_one_lane_send_every_event_once(engine, sandbox):
+def test_two_workers_on_one_lane_send_every_event_once(engine):
     ids = [signup(engine, f"u{i}") for i in range(60)]
     lane = _lane(batch_size=5)
-    workers = [_worker(engine, sandbox.base_url, lane, f"worker-{n}") for n in range(2)]
-    threads = [threading.Thread(target=w.run) for w in workers]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    # Each provider call takes 50 ms, so the first worker cannot drain the 12 batches before
+    # the second one starts (it did once on an idle host: a pipelined worker is quick).
+    with SandboxServer(SandboxConfig(latency_ms=50)) as sandbox_url:
+        workers = [_worker(engine, sandbox_url, lane, f"worker-{n}") for n in range(2)]
+        threads = [threading.Thread(target=w.run) for w in workers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        stats = sandbox_stats(sandbox_url)
     assert sum(w.result.totals["sent"] for w in workers) == 60
     assert all(w.result.totals["sent"] > 0 for w in workers)  # both really took part
-    stats = sandbox_stats(sandbox.base_url)
     assert stats["send_attempts"] == 60 and stats["accepted"] == 60
     assert all(len(attempts_of(engine, i)) == 1 for i in ids)
 
