@@ -16,7 +16,7 @@ the sender.
 
 import argparse
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -30,7 +30,7 @@ from email_platform.db.schema import (
     email_messages,
     email_outbox,
 )
-from email_platform.webhooks.vocabulary import RANK
+from email_platform.webhooks.vocabulary import RANK, combine
 
 TEMPLATES = (
     # template, event type, lane, share of traffic
@@ -77,7 +77,6 @@ class Generated:
     # Older messages whose delivery status their late events raised (opened, say).
     statuses_raised: int = 0
     seconds: float = 0.0
-    next_ids: dict[str, int] = field(default_factory=dict)
 
 
 def _ts(values: np.ndarray, sqlite: bool) -> list:
@@ -250,7 +249,9 @@ def generate(
     reached[own] = rank[own] == top[position[own]]
     status_since = np.full(n, np.iinfo(np.int64).max)
     np.minimum.at(status_since, position[reached], received_us[reached])
-    status_names = {value: name for name, value in RANK.items() if name in set(ev_t.tolist())}
+    # Ranks are not unique (delivered and subscribed share one): name them by the types here.
+    kinds = set(ev_t.tolist())
+    status_names = {value: name for name, value in RANK.items() if name in kinds}
     delivery_status = np.array([status_names.get(r) for r in top.tolist()], dtype=object)
     status_at = status_since.astype("datetime64[us]")
     status_at[top == 0] = np.datetime64("NaT")
@@ -457,25 +458,23 @@ def _late_messages(
 def _raised_statuses(
     engine: Engine, messages: np.ndarray, types: np.ndarray, received: np.ndarray
 ) -> list[dict]:
-    """Status updates for existing messages that got late events: the highest-ranked of their
-    current status and the new events, when it beats the current one (as ingestion does)."""
+    """Status updates for existing messages that got late events, in arrival order through
+    ingestion's own ``combine``: the new status and when the event that set it arrived."""
     if not messages.size:
         return []
     current = _message_values(engine, messages, email_messages.c.delivery_status)
-    best: dict[int, tuple[int, np.datetime64]] = {}
+    raised: dict[int, tuple[str, np.datetime64]] = {}
     arrivals = zip(messages.tolist(), types.tolist(), received, strict=True)
     for m, kind, at in sorted(arrivals, key=lambda r: r[2]):
-        rank = RANK[kind]
-        if rank > best.get(m, (RANK.get(current.get(m) or "", 0), at))[0]:
-            best[m] = (rank, at)
-    names = {value: name for name, value in RANK.items() if name in set(types.tolist())}
+        before = raised[m][0] if m in raised else current.get(m)
+        after = combine(before, kind)
+        if after != before:
+            raised[m] = (after, at)
     aware = engine.dialect.name == "postgresql"
     updates = []
-    for m, (rank, at) in best.items():
+    for m, (status, at) in raised.items():
         when = at.astype("datetime64[us]").astype(datetime)
-        updates.append(
-            {"m": m, "s": names[rank], "at": when.replace(tzinfo=UTC) if aware else when}
-        )
+        updates.append({"m": m, "s": status, "at": when.replace(tzinfo=UTC) if aware else when})
     return updates
 
 
