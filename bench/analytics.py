@@ -56,6 +56,7 @@ def _phase(database_url: str, warehouse_path: str, full: bool) -> None:
                 "peak_rss_mb": _peak_rss_mb(),
                 "file_mb": Path(warehouse_path).stat().st_size / 2**20,
                 "next_writer": summary.next_writer,
+                "compacted": summary.compacted,
             }
         )
     )
@@ -156,12 +157,14 @@ def _print(title: str, results: list[dict]) -> None:
             f"{t['checkpoint']:>7.2f}{t['prepare_next']:>7.2f}{t['total']:>9.2f}"
             f"{r['loaded']:>10,}{per_row:>8.1f}{r['messages_rebuilt']:>9,}"
             f"{r['peak_rss_mb']:>8.0f}{r['file_mb']:>9.0f}  {r.get('next_writer') or ''}"
+            + (f", compacted in {t['compact']:.2f} s" if r.get("compacted") else "")
         )
     print(
         "visible: refresh start -> new snapshot published (what an analyst waits for); "
         "next: preparing the next refresh's writer file after publishing (patched: the replaced "
         "snapshot, only its differing blocks rewritten; copied: a whole copy; unchanged: "
-        "nothing new, neither file touched); total: all of it."
+        "nothing new, neither file touched); compacted: deleted rows compacted out of the next "
+        "writer file after publishing; total: all of it."
     )
 
 

@@ -8,6 +8,7 @@ that was never sent and a provider event that matches no message.
 
 import json
 from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -707,42 +708,50 @@ def test_a_reused_id_is_a_new_row_not_a_deleted_one(engine, tmp_path):
     assert rows(path, loaded) == [{"provider_event_id": "evt_new_one"}]
 
 
-def test_deleted_rows_are_compacted_once_they_add_up(engine, tmp_path, monkeypatch):
-    """Rows a refresh replaces are deleted; the checkpoint compacts them away only once they
-    add up to VACUUM_SHARE of the funnel (compacting rewrites whole row groups). Until then
-    the warehouse counts them, and the data is the same either way."""
+def test_deleted_rows_are_compacted_after_publishing_once_they_add_up(
+    engine, tmp_path, monkeypatch
+):
+    """Rows a refresh replaces are deleted; its commit never compacts them (compacting rewrites
+    whole row groups, and analysts would wait for it). Once they add up to VACUUM_SHARE of the
+    funnel, the next writer file is compacted after the new snapshot is published. Until
+    then the warehouse counts them, and the data is the same either way."""
     from bench.generate import generate
 
     now = datetime.now(UTC).replace(microsecond=0)
     path = tmp_path / "warehouse.duckdb"
+    writer = warehouse.writer_path(path)
     generate(engine, messages=300, days=1, end=now - timedelta(hours=1))
     assert warehouse.refresh(engine, path).rows_deleted == 0  # a full build deletes nothing
 
-    def unvacuumed() -> int:
-        found = rows(path, "SELECT value FROM warehouse_state WHERE name = 'unvacuumed_rows'")
+    def unvacuumed(file: Path) -> int:
+        found = rows(file, "SELECT value FROM warehouse_state WHERE name = 'unvacuumed_rows'")
         return int(found[0]["value"])
+
+    def add_messages(round_: int) -> None:
+        generate(engine, messages=30, days=0.005, end=now + timedelta(minutes=10 * round_),
+                 seed=20 + round_, late_events_for_existing=30)  # fmt: skip
 
     monkeypatch.setattr(warehouse, "VACUUM_SHARE", 10.0)  # never reached
     deleted = []
     for round_ in range(2):
-        generate(
-            engine,
-            messages=30,
-            days=0.005,
-            end=now + timedelta(minutes=10 * round_),
-            seed=20 + round_,
-            late_events_for_existing=30,
-        )
+        add_messages(round_)
         summary = warehouse.refresh(engine, path)
         # Late opens rebuild old messages' funnel rows (and their days' daily rows).
-        assert summary.rows_deleted > 0
+        assert summary.rows_deleted > 0 and not summary.compacted
         deleted.append(summary.rows_deleted)
-        assert unvacuumed() == sum(deleted)
+        assert unvacuumed(path) == unvacuumed(writer) == sum(deleted)
     monkeypatch.setattr(warehouse, "VACUUM_SHARE", 0.0)  # any deleted row is enough
-    generate(engine, messages=30, days=0.005, end=now + timedelta(minutes=30), seed=29,
-             late_events_for_existing=30)  # fmt: skip
-    assert warehouse.refresh(engine, path).rows_deleted > 0
-    assert unvacuumed() == 0
+    add_messages(2)
+    summary = warehouse.refresh(engine, path)
+    assert summary.rows_deleted > 0 and summary.compacted
+    # The published snapshot is as the commit left it; the next refresh's file is compacted.
+    assert unvacuumed(path) == sum(deleted) + summary.rows_deleted
+    assert unvacuumed(writer) == 0
+    _assert_equals_a_full_build(engine, path, tmp_path)
+    # The next refresh starts from the compacted file: only its own deletions are counted.
+    add_messages(3)
+    summary = warehouse.refresh(engine, path)
+    assert unvacuumed(path) == summary.rows_deleted > 0
     _assert_equals_a_full_build(engine, path, tmp_path)
 
 

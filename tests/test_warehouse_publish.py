@@ -110,7 +110,10 @@ class Reader:
         self.process.wait()
 
 
-def test_the_replaced_snapshot_is_patched_into_the_next_writer_file(history, tmp_path):
+def test_the_replaced_snapshot_is_patched_into_the_next_writer_file(history, tmp_path, monkeypatch):
+    # Compacting after publishing changes the writer file on purpose (same data, fewer row
+    # groups: test_analytics covers it); here deleted rows never add up to it.
+    monkeypatch.setattr(warehouse, "VACUUM_SHARE", 10.0)
     path = tmp_path / "warehouse.duckdb"
     first = warehouse.refresh(history.url, path)
     assert first.next_writer == "copied"  # nothing replaced yet
@@ -271,7 +274,10 @@ CRASH_POINTS = {
 
 
 @pytest.mark.parametrize("point", list(CRASH_POINTS))
-def test_a_crash_at_any_step_of_publishing_leaves_a_usable_warehouse(history, tmp_path, point):
+def test_a_crash_at_any_step_of_publishing_leaves_a_usable_warehouse(
+    history, tmp_path, point, monkeypatch
+):
+    monkeypatch.setattr(warehouse, "VACUUM_SHARE", 10.0)  # the last refresh leaves no compaction
     path = tmp_path / "warehouse.duckdb"
     warehouse.refresh(history.url, path)
     history.grow()
@@ -291,6 +297,60 @@ def test_a_crash_at_any_step_of_publishing_leaves_a_usable_warehouse(history, tm
     assert summary.table_rows["email_funnel"] == 900
     assert leftovers(path) == []  # the dead refresh's files are gone
     assert digest(warehouse.writer_path(path)) == digest(path)
+    assert_equals_a_full_build(history.url, path, tmp_path)
+
+
+# A refresh in a child process that compacts after publishing and is SIGKILLed inside the
+# compaction, right before its commit: every table has lost and regained its last row.
+KILLED_COMPACTION = textwrap.dedent(
+    """
+    import os, signal, sys
+    from email_platform import warehouse
+
+    url, path = sys.argv[1:]
+    warehouse.VACUUM_SHARE = 0.0
+    connect = warehouse._connect
+
+    class Dying:
+        def __init__(self, connection):
+            self.connection = connection
+
+        def execute(self, sql, *args):
+            if sql == "COMMIT":
+                os.kill(os.getpid(), signal.SIGKILL)
+            return self.connection.execute(sql, *args)
+
+        def close(self):
+            self.connection.close()
+
+    compact = warehouse._compact
+
+    def dying_compact(file):
+        warehouse._connect = lambda *args, **kwargs: Dying(connect(*args, **kwargs))
+        compact(file)
+
+    warehouse._compact = dying_compact
+    warehouse.refresh(url, path)
+    """
+)
+
+
+def test_a_crash_while_compacting_after_publishing_loses_nothing(history, tmp_path):
+    path = tmp_path / "warehouse.duckdb"
+    warehouse.refresh(history.url, path)
+    history.grow()
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_COMPACTION, history.url, str(path)], check=False
+    )
+    assert killed.returncode == -9  # it got as far as compacting
+    # The new snapshot was published before compacting began.
+    assert rows(path, "SELECT count(*) FROM email_funnel")[0][0] == 700
+    # The writer file is as the patch left it: the snapshot, uncompacted.
+    assert digest(warehouse.writer_path(path)) == digest(path)
+    history.grow()
+    summary = warehouse.refresh(history.url, path)
+    assert summary.table_rows["email_funnel"] == 800 and not summary.full_build
+    assert summary.compacted  # the deleted rows still add up, so this refresh compacts them
     assert_equals_a_full_build(history.url, path, tmp_path)
 
 
