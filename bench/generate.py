@@ -140,7 +140,9 @@ def generate(
     shares = np.array([t[3] for t in TEMPLATES])
     template_index = rng.choice(len(TEMPLATES), n, p=shares / shares.sum())
     domain = np.array(DOMAINS)[rng.choice(len(DOMAINS), n, p=DOMAIN_SHARES)]
-    event_ids = [f"01J{i:023d}" for i in ids.tolist()]
+    # Their own random stream: the rest of the history stays what the seed made it before.
+    event_ids = _ulids(published, np.random.default_rng([seed, 1]))
+    event_id_of = dict(zip(ids.tolist(), event_ids, strict=True))
 
     roll = rng.random(n)
     status = np.full(n, "sent", dtype=object)
@@ -221,9 +223,10 @@ def generate(
     # Late engagement for messages that already existed, received over this batch's span.
     late = late_events_for_existing + (deferred if steady_state else 0)
     if late and first_message > 1:
-        late_m, late_created = _late_messages(
+        late_m, late_created, late_event_ids = _late_messages(
             engine, first_message, late, late_recency_days, end, rng
         )
+        event_id_of.update(late_event_ids)
         late_received = end64 - (rng.random(late_m.size) * days * 86_400e6).astype(np.int64) * us
         # Not before the message could have been opened (a minute after it was created).
         late_received = np.maximum(late_received, late_created + 60_000_000 * us)
@@ -364,7 +367,7 @@ def generate(
                 "event_type": kind,
                 "occurred_at": ev_at_s[k],
                 "received_at": received_s[k],
-                "event_id": None if lost else f"01J{m:023d}",
+                "event_id": None if lost else event_id_of[m],
                 "message_id": None if lost else m,
                 "provider_message_id": f"sbx_{m}",
                 "recipient_domain": DOMAINS[m % len(DOMAINS)],
@@ -419,6 +422,22 @@ def _bulk_insert(connection, table, rows: list[dict], sqlite: bool) -> None:  # 
         connection.execute(insert(table), rows[start : start + 50_000])
 
 
+CROCKFORD = np.frombuffer(b"0123456789ABCDEFGHJKMNPQRSTVWXYZ", dtype=np.uint8)
+
+
+def _ulids(at: np.ndarray, rng: np.random.Generator) -> list[str]:
+    """ULIDs as the publisher makes them (``email_platform.ids``): the millisecond of ``at``
+    in the first ten characters, then 80 random bits (from ``rng``, so a seed repeats them).
+    Their first characters move with time, as real event ids' do: the warehouse's zone maps
+    on event ids depend on it (ids that shared their first eight characters defeated them)."""
+    ms = at.astype("datetime64[ms]").astype(np.int64).astype(np.uint64)
+    shifts = np.arange(45, -1, -5, dtype=np.uint64)  # ten 5-bit groups of 48 bits (top 2 zero)
+    time_chars = (ms[:, None] >> shifts) & np.uint64(31)
+    random_chars = rng.integers(0, 32, (ms.size, 16), dtype=np.uint64)
+    codes = CROCKFORD[np.concatenate([time_chars, random_chars], axis=1)]
+    return np.ascontiguousarray(codes).view("S26").ravel().astype(str).tolist()
+
+
 def _late_messages(
     engine: Engine,
     first_message: int,
@@ -432,9 +451,9 @@ def _late_messages(
     delivered = (email_messages.c.status == "sent") & (
         email_messages.c.delivery_status.is_(None) | (email_messages.c.delivery_status != "bounced")
     )
-    query = select(email_messages.c.message_id, email_messages.c.created_at).where(
-        delivered, email_messages.c.message_id < first_message
-    )
+    query = select(
+        email_messages.c.message_id, email_messages.c.created_at, email_messages.c.event_id
+    ).where(delivered, email_messages.c.message_id < first_message)
     if recency_days is not None:
         since = end - timedelta(days=recency_days * 5)
         if engine.dialect.name == "postgresql":
@@ -443,7 +462,7 @@ def _late_messages(
     with engine.connect() as connection:
         rows = connection.execute(query).all()
     if not rows:
-        return np.array([], dtype=np.int64), np.array([], dtype="datetime64[us]")
+        return np.array([], dtype=np.int64), np.array([], dtype="datetime64[us]"), {}
     ids = np.array([r[0] for r in rows], dtype=np.int64)
     created = _naive64([r[1] for r in rows])
     if recency_days is None:
@@ -452,7 +471,8 @@ def _late_messages(
         ages_days = (np.datetime64(end, "us") - created) / np.timedelta64(1, "D")
         weights = np.exp(-np.clip(ages_days, 0, None) / recency_days)
         chosen = rng.choice(ids.size, count, p=weights / weights.sum())
-    return ids[chosen], created[chosen]
+    event_ids = {int(ids[k]): rows[k][2] for k in set(chosen.tolist())}
+    return ids[chosen], created[chosen], event_ids
 
 
 def _raised_statuses(
