@@ -44,6 +44,11 @@ too), and the patch takes the writer's lock itself, so a reader that opens the f
 gets a lock error, never a changing file. Building in place would be cheaper but is not
 correct with readers around. Refreshes are
 serialized by an ``flock`` on ``<warehouse>.lock``.
+
+**Compaction.** Replacing a row deletes its old version, which stays in its row group until a
+checkpoint compacts it. A refresh's own commit never compacts (analysts would wait for it);
+once the deleted rows add up to ``VACUUM_SHARE`` of the funnel, the next writer file is
+compacted after the new snapshot is published, so the snapshot after next is compact.
 """
 
 import fcntl
