@@ -314,6 +314,13 @@ def _connect(path: str | os.PathLike[str], *, read_only: bool) -> duckdb.DuckDBP
         # of log before a 2.6 MB checkpoint). A crash mid-checkpoint leaves the file as the
         # last checkpoint left it, as a crash before the commit would.
         connection.execute("SET checkpoint_threshold = '0b'")
+        # No FSST for strings: analysing and compressing with it was about a quarter of what
+        # inserting new rows cost, and the warehouse's strings are mostly unique ids (ULIDs,
+        # provider ids) it shrinks by a third at best. Measured at 1M messages: file 419 ->
+        # 561 MB, full build 17.6 -> 14.7 s, an incremental refresh ~10% faster (median of
+        # five pairs 1.29 -> 1.13 s), analyst questions as fast or faster (no decompression).
+        # Dictionary compression still serves repeated strings (templates, lanes, statuses).
+        connection.execute("SET disabled_compression_methods = 'fsst'")
     _configure_session(connection)
     return connection
 

@@ -755,6 +755,26 @@ def test_deleted_rows_are_compacted_after_publishing_once_they_add_up(
     _assert_equals_a_full_build(engine, path, tmp_path)
 
 
+def test_strings_are_written_without_fsst(engine, tmp_path):
+    """The writer leaves FSST out (a quarter of the cost of inserting new rows; see
+    warehouse._connect). At this size DuckDB picks it for event ids when allowed."""
+    from bench.generate import generate
+
+    generate(engine, messages=2000, days=1, end=datetime.now(UTC) - timedelta(hours=1))
+    path = tmp_path / "warehouse.duckdb"
+    warehouse.refresh(engine, path)
+    tables = (*(source.raw_table for source in warehouse.SOURCES), "email_funnel")
+    found = rows(
+        path,
+        " UNION ALL ".join(
+            f"SELECT DISTINCT '{t}' AS t, compression FROM pragma_storage_info('{t}')"
+            for t in tables
+        ),
+    )
+    assert {r["compression"] for r in found} >= {"Dictionary"}  # still compressed
+    assert [r for r in found if r["compression"] == "FSST"] == []
+
+
 def test_a_warehouse_from_the_first_state_table_keeps_its_high_water_marks(engine, tmp_path):
     from bench.generate import generate
 
