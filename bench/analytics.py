@@ -122,6 +122,7 @@ def _run(
 ) -> list[dict]:
     now = datetime.now(UTC)
     generated = generate(url, messages=messages, days=days, end=now)
+    _analyze(url)
     results = [
         {"step": "generate (not timed work)", "seconds": generated.seconds,
          "rows": generated.messages + generated.attempts + generated.provider_events}
@@ -132,11 +133,27 @@ def _run(
         end = now + timedelta(minutes=10 * (round_ + 1))
         generate(url, messages=increment, days=0.005, end=end, seed=100 + round_,
                  steady_state=True, late_recency_days=late_recency_days)  # fmt: skip
+        _analyze(url)
         step = _measure(url, str(path), False)
         results.append({"step": f"incremental +{increment:,} #{round_ + 1}", **step})
     nothing = _measure(url, str(path), False)
     results.append({"step": "re-run, nothing new", **nothing})
     return results
+
+
+def _analyze(url: str) -> None:
+    """Give PostgreSQL the statistics autovacuum keeps on a live database. Right after a bulk
+    load it has none, and plans the refresh's reads by change marker as sequential scans: a
+    refresh with nothing new took 0.6 s instead of 0.32 s at 300k messages, 0.87 s at 1M.
+    (SQLite's planner takes the marker indexes without statistics.)"""
+    if not url.startswith("postgresql"):
+        return
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("ANALYZE"))
+    finally:
+        engine.dispose()
 
 
 def _print(title: str, results: list[dict]) -> None:
