@@ -784,7 +784,6 @@ def _compact(path: Path) -> None:
             f"UPDATE {STATE_TABLE} SET value = '0' WHERE name = {_literal(UNVACUUMED_STATE)}"
         )
         connection.execute("COMMIT")  # checkpoints, compacting as it writes each table
-        connection.execute("DROP TABLE IF EXISTS _last")
     finally:
         connection.close()
 
@@ -886,13 +885,12 @@ def _stage_source(
     connection.execute(
         f"CREATE OR REPLACE TABLE {incoming} AS SELECT {casts} FROM {attached.native_query(query)}"
     )
-    staged.read = connection.execute(f"SELECT count(*) FROM {incoming}").fetchone()[0]
+    (key,) = source.key
+    staged.read, hwm, lowest, highest = connection.execute(
+        f"SELECT count(*), max({source.marker_sql()}), min({key}), max({key}) FROM {incoming}"
+    ).fetchone()
     if not staged.read:
         return staged
-    (key,) = source.key
-    hwm, lowest, highest = connection.execute(
-        f"SELECT max({source.marker_sql()}), min({key}), max({key}) FROM {incoming}"
-    ).fetchone()
     staged.hwm = hwm.replace(tzinfo=UTC) if hwm else None
     # The loaded versions of the incoming keys: row id, key and change markers (and the message
     # a replaced version belonged to), one pass over a few columns of the raw table. A version
@@ -1016,11 +1014,6 @@ def _write_source(
         return read, read, hwm.replace(tzinfo=UTC) if hwm else None, 0
     if not staged.rows and not staged.gone:
         return staged.read, 0, staged.hwm, 0
-    loaded = (
-        connection.execute(f"SELECT count(*) FROM {staged.rows}").fetchone()[0]
-        if staged.rows
-        else 0
-    )
     # Loaded versions to delete, by row id: no second pass over the raw table. (Nothing was
     # written since the ids were read: the writer lock keeps other refreshes out.)
     doomed = []
@@ -1044,8 +1037,10 @@ def _write_source(
         deleted = connection.execute(
             f"DELETE FROM {raw} WHERE rowid IN ({' UNION '.join(doomed)})"
         ).fetchone()[0]
+    loaded = 0
     if staged.rows:
-        connection.execute(f"INSERT INTO {raw} SELECT * FROM {staged.rows}")
+        # The insert's own count: the rows to write are a view, evaluated anew by each read.
+        loaded = connection.execute(f"INSERT INTO {raw} SELECT * FROM {staged.rows}").fetchone()[0]
         if mark_affected:
             _mark_affected(connection, source, staged.rows)
     return staged.read, loaded, staged.hwm, deleted
