@@ -6,8 +6,17 @@ than rows through a Python driver (measured in ``bench/analytics.py``), and noth
 Python memory. DuckDB would download these extensions from its own site at first use, which many
 production hosts (and CI here) cannot reach, so they come from the PyPI wheels
 ``duckdb-extension-sqlite-scanner`` / ``duckdb-extension-postgres-scanner``, pinned to the
-DuckDB version in ``pyproject.toml``. ``LOAD`` checks DuckDB's signature on the binary (unsigned
-extensions stay disallowed), so these are the binaries DuckDB itself publishes.
+DuckDB version in ``pyproject.toml``: the binaries DuckDB itself publishes, installed next to
+DuckDB's own library.
+
+A connection made with ``SCANNER_HOST_CONFIG`` (the warehouse refresh's) loads them without
+checking DuckDB's signature. That check hashes the 35 MB binary on every ``LOAD``: 70-100 ms of
+each refresh, which is a fresh process. It guards a binary downloaded from an extension
+repository; this one is a file of an installed, pinned wheel in the same site-packages as
+DuckDB's library and this package's code, which load unchecked (whoever can change one can
+change the others). The same config turns off installing and loading extensions on demand,
+so such a connection loads no binary but the wheel's, by absolute path. Any other connection
+(tests, tools) keeps DuckDB's defaults and checks the signature.
 """
 
 import importlib
@@ -21,6 +30,15 @@ from sqlalchemy import URL, Engine
 # (extension, the PyPI package that ships it, DuckDB's ATTACH type, its native query function)
 _SQLITE = ("sqlite_scanner", "duckdb_extension_sqlite_scanner", "sqlite", "sqlite_query")
 _POSTGRES = ("postgres_scanner", "duckdb_extension_postgres_scanner", "postgres", "postgres_query")
+
+
+# For the connection that attaches a source (see the module docstring): settings DuckDB only
+# takes when a database is opened.
+SCANNER_HOST_CONFIG = {
+    "allow_unsigned_extensions": "true",
+    "autoinstall_known_extensions": "false",
+    "autoload_known_extensions": "false",
+}
 
 
 class SourceUnavailableError(RuntimeError):

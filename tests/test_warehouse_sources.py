@@ -74,3 +74,36 @@ def test_attached_sqlite_keeps_one_scanner_connection_open_without_blocking_writ
     with pytest.raises(duckdb.Error):
         source.keeper.execute("SELECT 1")  # closed with the source
     engine.dispose()
+
+
+def test_only_the_refresh_connection_skips_the_signature_check_and_it_fetches_nothing(tmp_path):
+    """The refresh's writer connection loads the scanner without hashing it (70-100 ms of every
+    refresh), which is only sound because it can load nothing else: no extension is installed
+    or autoloaded on demand there. An analyst's read-only connection keeps DuckDB's checks."""
+    from email_platform import warehouse
+
+    settings = (
+        "SELECT current_setting('allow_unsigned_extensions'), "
+        "current_setting('autoinstall_known_extensions'), "
+        "current_setting('autoload_known_extensions')"
+    )
+    writer = warehouse._connect(tmp_path / "w.duckdb", read_only=False)
+    try:
+        assert writer.execute(settings).fetchone() == (True, False, False)
+        engine = create_engine(f"sqlite:///{tmp_path / 'app.sqlite3'}")
+        with engine.begin() as connection:
+            connection.exec_driver_sql("CREATE TABLE t (id INTEGER PRIMARY KEY)")
+        source = attach(writer, engine)
+        loaded = writer.execute(
+            "SELECT extension_name FROM duckdb_extensions() "
+            "WHERE loaded AND install_mode <> 'STATICALLY_LINKED'"
+        ).fetchall()
+        assert loaded == [("sqlite_scanner",)]
+        warehouse_sources.detach(writer, source)
+    finally:
+        writer.close()
+    reader = warehouse.connect_read_only(tmp_path / "w.duckdb")
+    try:
+        assert reader.execute(settings).fetchone() == (False, True, True)
+    finally:
+        reader.close()
