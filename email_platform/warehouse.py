@@ -538,10 +538,6 @@ def _refresh_locked(
         # A no-op after the commit's checkpoint; here in case the commit could not take one.
         connection.execute("CHECKPOINT")
         summary.timings_s["checkpoint"] = time.perf_counter() - phase
-        summary.table_rows = {
-            name: connection.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0]
-            for name in (*(s.raw_table for s in SOURCES), FUNNEL, FUNNEL_DAILY)
-        }
     finally:
         connection.close()
     built = writer
@@ -565,6 +561,16 @@ def _refresh_locked(
         phase = time.perf_counter()
         summary.next_writer = _prepare_next_writer(warehouse_path, writer, retired)
         summary.timings_s["prepare_next"] = time.perf_counter() - phase
+    # Numbers for the UI, read from what was just built: readers already have it.
+    reader = _connect(built, read_only=True)
+    try:
+        summary.table_rows = {
+            name: reader.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0]
+            for name in (*(s.raw_table for s in SOURCES), FUNNEL, FUNNEL_DAILY)
+        }
+        summary.funnel = funnel_totals(reader)
+    finally:
+        reader.close()
     # The private writer file (the next refresh's, or this one's when not publishing) is
     # compacted once deleted rows add up: readers have the new data already.
     summary.compacted = not unchanged and _needs_compacting(summary, unvacuumed)
@@ -572,12 +578,6 @@ def _refresh_locked(
         phase = time.perf_counter()
         _compact(writer)
         summary.timings_s["compact"] = time.perf_counter() - phase
-    # Numbers for the UI, read from what was just built (readers already have it).
-    reader = _connect(built, read_only=True)
-    try:
-        summary.funnel = funnel_totals(reader)
-    finally:
-        reader.close()
     summary.timings_s["total"] = time.perf_counter() - started
     summary.finished_at = datetime.now(UTC)
     return summary
@@ -1116,10 +1116,12 @@ def _build_models(connection: duckdb.DuckDBPyConnection, full: bool) -> tuple[in
     deleted = connection.execute(
         f"DELETE FROM {FUNNEL} WHERE message_id IN (SELECT message_id FROM _scope)"
     ).fetchone()[0]
+    # Not sorted (0.02 s at 1M): the rows are a mix of new messages and old ones spread over
+    # weeks, so sorting would not narrow the zone maps of the row groups they fill.
     with _shadowed(connection, _scope_filters(connection)):
         connection.execute(
             f"INSERT INTO {FUNNEL} SELECT * FROM (\n{model_sql(FUNNEL)}\n) "
-            "WHERE message_id IN (SELECT message_id FROM _scope) ORDER BY message_id"
+            "WHERE message_id IN (SELECT message_id FROM _scope)"
         )
     connection.execute(
         "CREATE OR REPLACE TEMP TABLE _days AS SELECT day FROM _old_days UNION "
