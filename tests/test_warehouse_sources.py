@@ -107,3 +107,22 @@ def test_only_the_refresh_connection_skips_the_signature_check_and_it_fetches_no
         assert reader.execute(settings).fetchone() == (False, True, True)
     finally:
         reader.close()
+
+
+def test_every_change_marker_the_warehouse_reads_by_is_indexed(engine):
+    """Each refresh reads only rows whose change marker moved since the last one, by a query
+    the source database runs itself: without an index on a marker, that read scans the whole
+    table on every refresh, on both backends."""
+    from sqlalchemy import inspect
+
+    from email_platform.warehouse import DELETIONS, SOURCES
+
+    markers = {(source.name, marker) for source in SOURCES for marker in source.markers}
+    markers.add((DELETIONS, "deleted_at"))
+    inspector = inspect(engine)
+    leading = {
+        (table, index["column_names"][0])
+        for table in {table for table, _ in markers}
+        for index in inspector.get_indexes(table)
+    }
+    assert markers - leading == set()

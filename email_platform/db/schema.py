@@ -140,6 +140,8 @@ Index("ix_dead_letters_status", dead_letters.c.status)
 Index("ix_dead_letters_event", dead_letters.c.event_id)
 # Closing a message's dead letter on every accepted send must not scan the table.
 Index("ix_dead_letters_message", dead_letters.c.message_id)
+# The warehouse's incremental reads: rows created or resolved since its last refresh.
+Index("ix_dead_letters_created_at", dead_letters.c.created_at)
 Index("ix_dead_letters_resolved_at", dead_letters.c.resolved_at)
 
 suppressions = Table(
