@@ -581,6 +581,47 @@ def test_a_refresh_that_fails_half_way_leaves_nothing_half_done(engine, tmp_path
     _assert_equals_a_full_build(engine, path, tmp_path)
 
 
+def test_a_source_failing_to_stage_fails_the_refresh_and_the_next_one_loads_it(
+    engine, tmp_path, monkeypatch
+):
+    """Sources are staged on two connections at once. One failing (the messages, while the
+    provider events are read on the other) fails the whole refresh before anything is written:
+    the snapshot and its high-water marks stay as they were, and the next refresh opens the
+    writer file again and loads everything the failed one would have."""
+    from bench.generate import generate
+
+    now = datetime.now(UTC).replace(microsecond=0)
+    path = tmp_path / "warehouse.duckdb"
+    generate(engine, messages=300, days=1, end=now - timedelta(hours=1))
+    first = warehouse.refresh(engine, path)
+    batch = generate(engine, messages=50, days=0.005, end=now, seed=9, late_events_for_existing=20)
+    stage = warehouse._stage_source
+    staged: list[str] = []
+
+    def messages_fail(connection, attached, source, since):  # type: ignore[no-untyped-def]
+        if source.name == "email_messages":
+            raise RuntimeError("the messages could not be read")
+        staged.append(source.name)
+        return stage(connection, attached, source, since)
+
+    monkeypatch.setattr(warehouse, "_stage_source", messages_fail)
+    with pytest.raises(RuntimeError, match="the messages could not be read"):
+        warehouse.refresh(engine, path)
+    assert "email_events" in staged  # the other connection was reading meanwhile
+    assert rows(path, "SELECT count(*) AS n FROM email_funnel") == [{"n": 300}]
+    marks = "SELECT name, high_water_mark FROM warehouse_state WHERE high_water_mark IS NOT NULL"
+    assert dict((r["name"], r["high_water_mark"]) for r in rows(path, marks)) == {
+        name: mark.replace(tzinfo=None)
+        for name, mark in first.high_water_marks.items()
+        if mark is not None
+    }
+    monkeypatch.setattr(warehouse, "_stage_source", stage)
+    retry = warehouse.refresh(engine, path)
+    assert retry.rows_loaded["email_messages"] == 50 + batch.statuses_raised
+    assert retry.table_rows["email_funnel"] == 350
+    _assert_equals_a_full_build(engine, path, tmp_path)
+
+
 def test_a_provider_event_moved_to_another_message_rebuilds_both_rows(engine, tmp_path):
     """A webhook re-normalized after a mapping fix comes back as a new row (new id, new
     received_at) linked to another message: the old message's funnel row loses it."""
