@@ -1002,11 +1002,16 @@ def _stage_all(
         finally:
             free.put(cursor)
 
+    # One DuckDB thread per query while staging: the two connections are the parallelism, and
+    # DuckDB's own worker thread would make three threads contend for two cores (on one
+    # restored 1M state, 18 interleaved pairs: visible median 0.79 -> 0.75 s, 15 pairs faster).
+    connection.execute("SET threads = 1")
     try:
         with ThreadPoolExecutor(max_workers=len(cursors)) as pool:
             pending = {name: pool.submit(stage, name) for name in names}
             return {name: pending[name].result() for name in SOURCES_BY_NAME}
     finally:
+        connection.execute("RESET threads")
         for cursor in cursors:
             cursor.close()
 
