@@ -50,7 +50,7 @@ from email_platform import publish, publish_many
 from email_platform.db.engine import make_engine, upgrade
 from email_platform.db.schema import email_messages, email_outbox
 from email_platform.lanes import LANES
-from email_platform.local_dagster import DaemonProcess, prepare_home
+from email_platform.local.dagster_home import DaemonProcess, prepare_home
 
 PG_SERVER = os.environ.get("BENCH_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -886,7 +886,7 @@ def _in_process(
     from email_platform.recipients import SqlDirectoryResolver
     from email_platform.rendering import TemplateRenderer
     from email_platform.routes import default_routes
-    from email_platform.sending import BatchSender
+    from email_platform.sending.batch import BatchSender
 
     stamp = f"{prefix}_{os.getpid()}_{int(time.time())}"
     db_name = f"bench_app_{stamp}"
@@ -949,7 +949,7 @@ def worker(args: argparse.Namespace) -> int:
     current one is sent) and a sequential one (claim, prepare, send, record in turn, as before)
     on the same backlog size, alternating which goes first.
     """
-    from email_platform.lane_worker import LaneWorker
+    from email_platform.sending.worker import LaneWorker
 
     class SequentialWorker(LaneWorker):
         def _send(self, event_ids: list[str], retry_number: int) -> None:

@@ -62,7 +62,7 @@ def db_upgrade(url: str | None, revision: str) -> None:
 @click.option("--url", help="SQLAlchemy URL of the application database.")
 def status(as_json: bool, url: str | None) -> None:
     """Queue depth and oldest age per lane, message outcomes, open dead letters."""
-    from email_platform.operations import status as read_status
+    from email_platform.admin import status as read_status
 
     report = read_status(_engine(url))
     if as_json:
@@ -90,7 +90,7 @@ def status(as_json: bool, url: str | None) -> None:
 @click.option("--url", help="SQLAlchemy URL of the application database.")
 def trace(event_id: str, as_json: bool, url: str | None) -> None:
     """The whole chain of one event: outbox row, messages, attempts, dead letters."""
-    from email_platform.operations import trace as read_trace
+    from email_platform.admin import trace as read_trace
 
     chain = read_trace(_engine(url), event_id, warehouse_path=config.warehouse_path())
     if chain is None:
@@ -136,7 +136,7 @@ def _selection(
     everything: bool,
     url: str | None,
 ):  # type: ignore[no-untyped-def]
-    from email_platform.operations import select_dead_letters
+    from email_platform.admin import select_dead_letters
 
     engine = _engine(url)
     with engine.connect() as connection:
@@ -179,7 +179,7 @@ def _with_selectors(function):  # type: ignore[no-untyped-def]
 @click.option("--url")
 def dlq_list(status_: str, reason: str | None, limit: int, as_json: bool, url: str | None) -> None:
     """List dead letters, oldest first."""
-    from email_platform.operations import _row
+    from email_platform.admin import _row
     from email_platform.store import dead_letters
 
     with _engine(url).connect() as connection:
@@ -221,7 +221,7 @@ def dlq_replay(
     Nothing already accepted by the provider is sent twice; anything past its expiry becomes
     'expired'. The dead letter is marked replayed when its message is sent.
     """
-    from email_platform.operations import requeue_dead_letters
+    from email_platform.admin import requeue_dead_letters
 
     engine, letters = _selection(ids, reason, lane, event, everything, url)
     if not letters:
@@ -230,7 +230,7 @@ def dlq_replay(
     event_ids = requeue_dead_letters(engine, letters)
     click.echo(f"requeued {len(event_ids)} event(s) for {len(letters)} dead letter(s)")
     if inline:
-        from email_platform.replay import send_inline
+        from email_platform.local.replay import send_inline
 
         results = send_inline(event_ids, database_url=url)
         for run_id, success in results:
@@ -252,7 +252,7 @@ def dlq_discard(
     url: str | None,
 ) -> None:
     """Close dead letters without sending (the message stays dead)."""
-    from email_platform.operations import discard_dead_letters
+    from email_platform.admin import discard_dead_letters
 
     engine, letters = _selection(ids, reason, lane, event, everything, url)
     count = discard_dead_letters(engine, [d.dead_letter_id for d in letters])
@@ -345,8 +345,8 @@ def sandbox_serve(
     webhook_click_rate: float,
 ) -> None:
     """Run the sandbox provider (POST /v1/send, GET /_sandbox/messages, /_sandbox/stats)."""
-    from email_platform.providers.sandbox_server import SandboxConfig, serve
-    from email_platform.providers.sandbox_webhooks import WebhookPlan
+    from email_platform.sandbox.emitter import WebhookPlan
+    from email_platform.sandbox.server import SandboxConfig, serve
 
     plan = None
     if webhook_url:
@@ -391,7 +391,7 @@ def demo(
     signups: int, resets: int, receipts: int, digests: int, timeout_s: int, home: Path | None
 ) -> None:
     """Run the whole flow on the embedded default and print what happened."""
-    from email_platform.demo import run_demo
+    from email_platform.local.demo import run_demo
 
     sys.exit(
         run_demo(

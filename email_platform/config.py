@@ -12,7 +12,11 @@ from pathlib import Path
 
 PREFIX = "EMAIL_PLATFORM_"
 DEFAULT_HOME = ".email_platform"
+#: Every provider the platform sends through: the one list the adapters, the webhook receiver
+#: and the configuration check read.
 PROVIDERS = ("sandbox", "postmark", "sendgrid", "mailgun", "ses", "resend", "smtp")
+#: The providers that post webhooks (SMTP has no tracking callbacks).
+WEBHOOK_PROVIDERS = tuple(name for name in PROVIDERS if name != "smtp")
 
 
 def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:

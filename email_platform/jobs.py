@@ -1,4 +1,11 @@
-"""The send jobs (one batch per run, or a resident lane worker) and the ingestion job."""
+"""The send jobs (one batch per run, or a resident lane worker) and the ingestion job.
+
+Each job's run config is built here and read back here: the shape is one contract, and only
+ids travel in it (no addresses, no payloads).
+"""
+
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from dagster import job, multiprocess_executor
 
@@ -48,3 +55,24 @@ def ingest_webhooks_job() -> None:
 )
 def lane_worker_job() -> None:
     run_lane_worker()
+
+
+def send_run_config(lane: str, event_ids: Sequence[str]) -> dict[str, Any]:
+    """Run config of a ``send_email_job`` run for one lane's batch."""
+    return {"ops": {"send_email_batch": {"config": {"lane": lane, "event_ids": list(event_ids)}}}}
+
+
+def send_run_event_ids(run_config: Mapping[str, Any] | None) -> list[str]:
+    """The event ids a ``send_email_job`` run was asked to send; ``[]`` for any other run."""
+    ops = (run_config or {}).get("ops", {})
+    return list(ops.get("send_email_batch", {}).get("config", {}).get("event_ids", []))
+
+
+def lane_worker_run_config(lane: str) -> dict[str, Any]:
+    """Run config of a ``lane_worker_job`` run."""
+    return {"ops": {"run_lane_worker": {"config": {"lane": lane}}}}
+
+
+def ingest_run_config(inbox_ids: Sequence[int]) -> dict[str, Any]:
+    """Run config of an ``ingest_webhooks_job`` run for a batch of stored webhooks."""
+    return {"ops": {"ingest_webhook_batch": {"config": {"inbox_ids": list(inbox_ids)}}}}

@@ -16,7 +16,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import URL, make_url
 
 from email_platform.db.engine import make_engine, upgrade
-from email_platform.providers.sandbox_server import SandboxConfig, SandboxServer
+from email_platform.sandbox.server import SandboxConfig, SandboxServer
 
 BACKENDS = ["sqlite", "postgresql"]
 TEMPLATE_DB = f"ep_template_{os.getpid()}"

@@ -17,7 +17,7 @@ from email_platform.recipients import SqlDirectoryResolver
 from email_platform.rendering import TemplateRenderer
 from email_platform.resources import AppDatabase, EmailProviderResource, LanePolicy, RoutingResource
 from email_platform.routes import default_routes
-from email_platform.sending import BatchSender
+from email_platform.sending.batch import BatchSender
 
 FAST_LANES = {
     lane: {"retry_delay_s": 0.05, "max_retry_delay_s": 2.0, "max_retries": 3}

@@ -9,8 +9,8 @@ from starlette.testclient import TestClient
 from email_platform import warehouse
 from email_platform.assets import analytics_checks, analytics_warehouse
 from email_platform.db.schema import webhook_inbox
-from email_platform.ingestion import WebhookIngestor
 from email_platform.resources import AppDatabase, Warehouse
+from email_platform.webhooks.ingest import WebhookIngestor
 from email_platform.webhooks.receiver import create_receiver_app
 from tests.support import run_send, sandbox_messages, signup
 from tests.webhook_support import SETTINGS, sandbox_event, signed

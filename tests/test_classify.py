@@ -2,7 +2,7 @@
 
 ``email_platform.classify`` decides transient (network, timeout, 408/425/429, 5xx: retried)
 versus permanent (other 4xx, unexpected exceptions: dead-lettered) and reads ``Retry-After``;
-``email_platform.ops.send.retry_wait_s`` turns that into the wait before the next attempt
+``email_platform.sending.retry.retry_wait_s`` turns that into the wait before the next attempt
 (Retry-After when given, else exponential backoff with full jitter, both capped per lane).
 """
 
@@ -12,6 +12,7 @@ from email.utils import format_datetime
 import dagster._core.definitions.policy as dagster_policy
 import httpx
 import pytest
+from dagster import Backoff, Jitter, RetryPolicy
 
 from email_platform.classify import (
     classify_exception,
@@ -26,7 +27,7 @@ from email_platform.errors import (
     TransientError,
 )
 from email_platform.lanes import DEFAULT_LANE_CONFIGS, LANES, Lane, LaneConfig
-from email_platform.ops.send import retry_wait_s
+from email_platform.sending.retry import retry_wait_s
 
 NOW = datetime(2015, 10, 21, 7, 28, 0, tzinfo=UTC)
 REQUEST = httpx.Request("POST", "https://provider.test/v1/send")
@@ -254,18 +255,25 @@ def test_backoff_is_capped() -> None:
 
 @pytest.mark.parametrize("retry_number", [0, 1, 2, 3, 4, 8])
 @pytest.mark.parametrize("lane", _lanes(), ids=lambda c: c.lane.value)
-def test_backoff_ceiling_follows_dagsters_formula(
-    monkeypatch: pytest.MonkeyPatch, lane: LaneConfig, retry_number: int
+@pytest.mark.parametrize("draw", [0.0, 0.37, 0.999999])
+def test_backoff_is_dagsters_full_jitter_formula(
+    monkeypatch: pytest.MonkeyPatch, lane: LaneConfig, retry_number: int, draw: float
 ) -> None:
-    # Pin Dagster's jitter draw to its extremes: the wait is then exactly 0 and the ceiling.
-    monkeypatch.setattr(dagster_policy, "random", lambda: 1.0)
-    assert retry_wait_s(lane, retry_number, None) == _bound(lane, retry_number)
-    monkeypatch.setattr(dagster_policy, "random", lambda: 0.0)
-    assert retry_wait_s(lane, retry_number, None) == 0.0
+    # The same jitter draw in both: the plain strategy waits what Dagster's policy would, capped.
+    monkeypatch.setattr(dagster_policy, "random", lambda: draw)
+    dagster_wait = RetryPolicy(
+        max_retries=lane.max_retries,
+        delay=lane.retry_delay_s,
+        backoff=Backoff.EXPONENTIAL,
+        jitter=Jitter.FULL,
+    ).calculate_delay(retry_number + 1)
+    ours = retry_wait_s(lane, retry_number, None, draw=lambda: draw)
+    assert ours == min(dagster_wait, lane.max_retry_delay_s)
+    assert retry_wait_s(lane, retry_number, None, draw=lambda: 1.0) == _bound(lane, retry_number)
+    assert retry_wait_s(lane, retry_number, None, draw=lambda: 0.0) == 0.0
 
 
-def test_backoff_grows_with_the_retry_number(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dagster_policy, "random", lambda: 0.5)
+def test_backoff_grows_with_the_retry_number() -> None:
     critical = DEFAULT_LANE_CONFIGS[Lane.CRITICAL]  # delay 1 s, cap 30 s
-    waits = [retry_wait_s(critical, n, None) for n in range(6)]
+    waits = [retry_wait_s(critical, n, None, draw=lambda: 0.5) for n in range(6)]
     assert waits == [0.5, 1.5, 3.5, 7.5, 15.5, 30.0]

@@ -15,7 +15,7 @@ from sqlalchemy import insert, select
 
 from email_platform import publish
 from email_platform.db.schema import dead_letters, email_messages, email_outbox, lane_workers
-from email_platform.local_dagster import DaemonProcess, prepare_home, wait_for
+from email_platform.local.dagster_home import DaemonProcess, prepare_home, wait_for
 from tests.support import product, sandbox_messages, sandbox_stats, users
 
 pytestmark = pytest.mark.e2e
@@ -178,10 +178,10 @@ def test_daemon_drains_every_lane_and_bulk_can_be_paused(engine, database_url, s
 
 def test_webhooks_close_the_loop_through_the_daemon(engine, database_url, tmp_path):
     """Sends, provider webhooks, the inbox sensor's ingestion runs and suppressions, all live."""
-    from email_platform.asgi import BackgroundServer
     from email_platform.db.schema import email_events, webhook_inbox
-    from email_platform.providers.sandbox_server import SandboxConfig, SandboxServer
-    from email_platform.providers.sandbox_webhooks import WebhookPlan
+    from email_platform.sandbox.asgi import BackgroundServer
+    from email_platform.sandbox.emitter import WebhookPlan
+    from email_platform.sandbox.server import SandboxConfig, SandboxServer
     from email_platform.store import suppressions
     from email_platform.webhooks.receiver import create_receiver_app
     from tests.support import messages_of, signup

@@ -14,7 +14,7 @@ from dagster import (
     RunsFilter,
 )
 
-from email_platform.providers.sandbox_server import SandboxConfig, SandboxServer
+from email_platform.sandbox.server import SandboxConfig, SandboxServer
 from tests.support import (
     attempts_of,
     event,

@@ -17,7 +17,7 @@ from email_platform.errors import ConfigurationError
 from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane
 from email_platform.providers.base import Accepted, EmailProvider, OutgoingEmail
 from email_platform.providers.sandbox import SandboxProvider
-from email_platform.sending import BatchSender
+from email_platform.sending.batch import BatchSender
 from tests.support import attempts_of, batch_sender, event, messages_of, sandbox_messages, signup
 
 

@@ -29,11 +29,11 @@ from dagster import (
 from sqlalchemy import Engine
 
 from email_platform.errors import ConfigurationError
-from email_platform.lane_worker import LaneWorker
 from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane, LaneConfig
 from email_platform.providers.sandbox import SandboxProvider
-from email_platform.providers.sandbox_server import SandboxConfig, SandboxServer
 from email_platform.resources import AppDatabase, LanePolicy
+from email_platform.sandbox.server import SandboxConfig, SandboxServer
+from email_platform.sending.worker import LaneWorker
 from email_platform.sensors.outbox import make_outbox_sensor
 from email_platform.store import lane_workers, outbox
 from email_platform.timeutil import utcnow

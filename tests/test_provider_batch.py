@@ -16,11 +16,11 @@ from sqlalchemy import Engine
 
 from email_platform.config import ProviderSettings
 from email_platform.errors import ConfigurationError, ProviderRejectedError, TransientError
-from email_platform.lane_worker import LaneWorker
 from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane, LaneConfig
 from email_platform.providers.base import Accepted, OutgoingEmail
 from email_platform.providers.sandbox import SandboxProvider
-from email_platform.providers.sandbox_server import SandboxConfig, SandboxServer
+from email_platform.sandbox.server import SandboxConfig, SandboxServer
+from email_platform.sending.worker import LaneWorker
 from tests.support import (
     attempts_of,
     batch_sender,

@@ -17,13 +17,13 @@ from urllib.parse import parse_qsl
 import httpx
 import pytest
 
-from email_platform.asgi import BackgroundServer
 from email_platform.config import ProviderSettings
 from email_platform.errors import ConfigurationError, ProviderRejectedError, TransientError
 from email_platform.providers.base import Accepted, OutgoingEmail
 from email_platform.providers.mailgun import MailgunProvider
 from email_platform.providers.registry import open_provider
 from email_platform.resources import EmailProviderResource
+from email_platform.sandbox.asgi import BackgroundServer
 from tests.provider_stubs.mailgun import INVALID_TO, MailgunStub
 from tests.support import (
     attempts_of,

@@ -21,13 +21,13 @@ import httpx
 import pytest
 from sqlalchemy import Engine
 
-from email_platform.asgi import BackgroundServer
 from email_platform.config import ProviderSettings
 from email_platform.errors import ConfigurationError, ProviderRejectedError, TransientError
 from email_platform.providers.base import Accepted, OutgoingEmail
 from email_platform.providers.postmark import DEFAULT_BASE_URL, PostmarkProvider
 from email_platform.providers.registry import open_provider
 from email_platform.resources import EmailProviderResource
+from email_platform.sandbox.asgi import BackgroundServer
 from tests.provider_stubs.postmark import PostmarkStub
 from tests.support import (
     attempts_of,

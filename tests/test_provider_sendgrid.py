@@ -14,7 +14,6 @@ from typing import Any
 import httpx
 import pytest
 
-from email_platform.asgi import BackgroundServer
 from email_platform.config import ProviderSettings
 from email_platform.errors import (
     ConfigurationError,
@@ -30,6 +29,7 @@ from email_platform.providers.sendgrid import (
     retry_after_from_reset,
 )
 from email_platform.resources import EmailProviderResource
+from email_platform.sandbox.asgi import BackgroundServer
 from tests.provider_stubs.sendgrid import INVALID_TO, SendGridStub
 from tests.support import (
     attempts_of,

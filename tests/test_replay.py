@@ -5,7 +5,7 @@ suppressed dead letters are closed, and two publishes under one idempotency key 
 from dagster import DagsterInstance, ReexecutionOptions, execute_job, reconstructable
 
 from email_platform import publisher
-from email_platform.operations import discard_dead_letters, requeue_dead_letters
+from email_platform.admin import discard_dead_letters, requeue_dead_letters
 from email_platform.resources import RoutingResource
 from email_platform.store import dead_letters, suppressions
 from email_platform.timeutil import utcnow

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from email_platform.providers.sandbox_server import SandboxConfig, SandboxServer
+from email_platform.sandbox.server import SandboxConfig, SandboxServer
 
 TIMEOUT_DELAY_S = 0.3
 

@@ -234,7 +234,7 @@ def _broken_templates(tmp_path: Path) -> Path:
 
 
 def test_replay_after_a_template_fix_sends_exactly_once(engine, database_url, sandbox, tmp_path):
-    from email_platform.operations import requeue_dead_letters
+    from email_platform.admin import requeue_dead_letters
     from email_platform.store import dead_letters
 
     event_id = signup(engine, "u1")
@@ -303,7 +303,7 @@ def _send_job():
 
 
 def test_expired_message_is_not_sent_even_on_replay(engine, database_url, sandbox):
-    from email_platform.operations import requeue_dead_letters
+    from email_platform.admin import requeue_dead_letters
     from email_platform.store import dead_letters
 
     soon = datetime.now(UTC) + timedelta(seconds=1)

@@ -11,8 +11,8 @@ from starlette.testclient import TestClient
 
 from email_platform.db.engine import make_engine
 from email_platform.db.schema import email_event_deletions, email_events, webhook_inbox
-from email_platform.ingestion import WebhookIngestor
 from email_platform.store import suppressions
+from email_platform.webhooks.ingest import WebhookIngestor
 from email_platform.webhooks.receiver import create_receiver_app
 from email_platform.webhooks.vocabulary import RANK
 from tests.support import messages_of, run_send, sandbox_messages, signup
@@ -373,7 +373,7 @@ def test_ingestion_job_applies_the_batch_and_purges_past_retention(
 
 
 def test_trace_shows_the_provider_events_of_an_event(engine, database_url, sandbox):
-    from email_platform.operations import trace
+    from email_platform.admin import trace
 
     event_id = signup(engine, "t1")
     assert run_send(database_url, sandbox.base_url, "transactional", [event_id]).success

@@ -31,13 +31,14 @@ from starlette.testclient import TestClient
 from email_platform.db.schema import email_events, email_messages, webhook_inbox
 from email_platform.errors import ConfigurationError
 from email_platform.ids import new_ulid
-from email_platform.ingestion import IngestOutcome, WebhookIngestor
 from email_platform.providers.base import OutgoingEmail
-from email_platform.providers.resend import ResendProvider, tag_value
+from email_platform.providers.resend import ResendProvider
 from email_platform.store import messages, outbox, suppressions
+from email_platform.tags import tag_value
 from email_platform.timeutil import utcnow
 from email_platform.webhooks import registry
 from email_platform.webhooks.errors import WebhookMalformed, WebhookRejected
+from email_platform.webhooks.ingest import IngestOutcome, WebhookIngestor
 from email_platform.webhooks.receiver import create_receiver_app
 from email_platform.webhooks.resend import build_verifier, normalize
 from email_platform.webhooks.standard import sign

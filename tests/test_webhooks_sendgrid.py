@@ -23,7 +23,6 @@ from starlette.testclient import TestClient
 
 from email_platform.db.schema import email_events, email_outbox, suppressions, webhook_inbox
 from email_platform.errors import ConfigurationError
-from email_platform.ingestion import WebhookIngestor
 from email_platform.providers.base import OutgoingEmail
 from email_platform.providers.sendgrid import SendGridProvider
 from email_platform.store import messages
@@ -31,6 +30,7 @@ from email_platform.store import suppressions as suppression_store
 from email_platform.timeutil import utcnow
 from email_platform.webhooks import sendgrid
 from email_platform.webhooks.errors import WebhookMalformed, WebhookRejected
+from email_platform.webhooks.ingest import WebhookIngestor
 from email_platform.webhooks.registry import WebhookProvider
 from email_platform.webhooks.vocabulary import RANK
 

@@ -32,7 +32,6 @@ from email_platform.db.schema import (
     webhook_inbox,
 )
 from email_platform.errors import ConfigurationError
-from email_platform.ingestion import WebhookIngestor
 from email_platform.providers.base import OutgoingEmail
 from email_platform.providers.ses import SesProvider
 from email_platform.store import messages
@@ -40,6 +39,7 @@ from email_platform.store import suppressions as suppression_store
 from email_platform.timeutil import utcnow
 from email_platform.webhooks import ses
 from email_platform.webhooks.errors import WebhookMalformed, WebhookRejected
+from email_platform.webhooks.ingest import WebhookIngestor
 from email_platform.webhooks.receiver import create_receiver_app
 from email_platform.webhooks.registry import WebhookProvider
 from email_platform.webhooks.vocabulary import RANK

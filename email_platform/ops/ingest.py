@@ -3,20 +3,18 @@
 from datetime import timedelta
 
 from dagster import (
-    Backoff,
     Config,
-    Jitter,
     MetadataValue,
     OpExecutionContext,
-    RetryPolicy,
     op,
 )
 
 from email_platform import config as settings
-from email_platform.ingestion import WebhookIngestor
+from email_platform.ops.retry import STEP_RETRY_POLICY
 from email_platform.resources import AppDatabase
 from email_platform.store import email_events, inbox
 from email_platform.timeutil import utcnow
+from email_platform.webhooks.ingest import WebhookIngestor
 
 
 class IngestBatchConfig(Config):
@@ -24,9 +22,7 @@ class IngestBatchConfig(Config):
 
 
 @op(
-    retry_policy=RetryPolicy(
-        max_retries=3, delay=2.0, backoff=Backoff.EXPONENTIAL, jitter=Jitter.FULL
-    ),
+    retry_policy=STEP_RETRY_POLICY,
     tags={"kind": "email"},
 )
 def ingest_webhook_batch(

@@ -8,24 +8,22 @@ from contextlib import contextmanager
 from types import FrameType
 
 from dagster import (
-    Backoff,
     Config,
     DagsterInstance,
     DagsterRunStatus,
-    Jitter,
     MetadataValue,
     OpExecutionContext,
-    RetryPolicy,
     op,
 )
 
 # Dagster exports no public name for instigator state; this is where 1.13 keeps it.
 from dagster._core.scheduler.instigation import InstigatorStatus, InstigatorType
 
-from email_platform.lane_worker import LaneWorker
 from email_platform.lanes import LaneConfig, outbox_sensor_name
+from email_platform.ops.retry import STEP_RETRY_POLICY
 from email_platform.ops.send import finish_with_dead_letters, make_sender, send_batch
 from email_platform.resources import AppDatabase, EmailProviderResource, LanePolicy, RoutingResource
+from email_platform.sending.worker import LaneWorker
 from email_platform.store import dead_letters
 
 #: A stopped lane sensor or a terminate request is noticed within this long.
@@ -74,11 +72,7 @@ def stop_check(
 
 
 @op(
-    # Catches what is not a provider outcome (a dropped database connection): the retry starts
-    # the loop again; what the attempt held is reclaimed by this run.
-    retry_policy=RetryPolicy(
-        max_retries=3, delay=2.0, backoff=Backoff.EXPONENTIAL, jitter=Jitter.FULL
-    ),
+    retry_policy=STEP_RETRY_POLICY,
     tags={"kind": "email"},
 )
 def run_lane_worker(

@@ -3,22 +3,21 @@
 import threading
 
 from dagster import (
-    Backoff,
     Config,
     Failure,
-    Jitter,
     MetadataValue,
     OpExecutionContext,
-    RetryPolicy,
     RetryRequested,
     op,
 )
 from sqlalchemy import Engine
 
 from email_platform.lanes import LaneConfig
+from email_platform.ops.retry import STEP_RETRY_POLICY
 from email_platform.providers.base import EmailProvider
 from email_platform.resources import AppDatabase, EmailProviderResource, LanePolicy, RoutingResource
-from email_platform.sending import BatchSender
+from email_platform.sending.batch import BatchSender
+from email_platform.sending.retry import retry_wait_s
 from email_platform.store import dead_letters
 
 
@@ -29,31 +28,8 @@ class SendBatchConfig(Config):
     event_ids: list[str]
 
 
-def lane_retry_policy(lane: LaneConfig) -> RetryPolicy:
-    return RetryPolicy(
-        max_retries=lane.max_retries,
-        delay=lane.retry_delay_s,
-        backoff=Backoff.EXPONENTIAL,
-        jitter=Jitter.FULL,
-    )
-
-
-def retry_wait_s(lane: LaneConfig, retry_number: int, retry_after_s: float | None) -> float:
-    """The provider's Retry-After when it gave one, else exponential backoff with full jitter.
-
-    Dagster's policy has no ceiling, so the lane's ``max_retry_delay_s`` caps both.
-    """
-    if retry_after_s is not None:
-        return min(retry_after_s, lane.max_retry_delay_s)
-    return min(lane_retry_policy(lane).calculate_delay(retry_number + 1), lane.max_retry_delay_s)
-
-
-# The op-level policy catches what is not a provider outcome (a dropped database connection,
-# a worker interrupted): the retry re-claims the batch and re-sends only what is still pending.
 @op(
-    retry_policy=RetryPolicy(
-        max_retries=3, delay=2.0, backoff=Backoff.EXPONENTIAL, jitter=Jitter.FULL
-    ),
+    retry_policy=STEP_RETRY_POLICY,
     tags={"kind": "email"},
 )
 def send_email_batch(

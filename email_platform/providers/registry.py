@@ -2,18 +2,22 @@
 
 import importlib
 
-from email_platform.config import ProviderSettings
+from email_platform.config import PROVIDERS, ProviderSettings
 from email_platform.errors import ConfigurationError
 from email_platform.providers.base import EmailProvider
 
+#: The adapter class in ``email_platform.providers.<name>`` of every name in ``PROVIDERS``.
+_CLASSES = {
+    "sandbox": "SandboxProvider",
+    "postmark": "PostmarkProvider",
+    "sendgrid": "SendGridProvider",
+    "mailgun": "MailgunProvider",
+    "ses": "SesProvider",
+    "resend": "ResendProvider",
+    "smtp": "SmtpProvider",
+}
 ADAPTERS: dict[str, str] = {
-    "sandbox": "email_platform.providers.sandbox:SandboxProvider",
-    "postmark": "email_platform.providers.postmark:PostmarkProvider",
-    "sendgrid": "email_platform.providers.sendgrid:SendGridProvider",
-    "mailgun": "email_platform.providers.mailgun:MailgunProvider",
-    "ses": "email_platform.providers.ses:SesProvider",
-    "resend": "email_platform.providers.resend:ResendProvider",
-    "smtp": "email_platform.providers.smtp:SmtpProvider",
+    name: f"email_platform.providers.{name}:{_CLASSES[name]}" for name in PROVIDERS
 }
 
 

@@ -38,7 +38,6 @@ A 200 answer is ``{"id": "..."}``. Errors are ``{"statusCode", "name", "message"
   (``email-platform dlq replay``, same idempotency key) once sending is possible again.
 """
 
-import re
 from typing import Any, Self
 
 import httpx
@@ -53,6 +52,7 @@ from email_platform.errors import (
 )
 from email_platform.providers.base import Accepted, OutgoingEmail
 from email_platform.providers.http import HttpProvider, ProviderRequest
+from email_platform.tags import tag_value
 
 DEFAULT_BASE_URL = "https://api.resend.com"
 
@@ -67,14 +67,6 @@ TRANSIENT_ERRORS = frozenset(
 )
 #: 429s that no retry within a run can fix (see the module docstring).
 QUOTA_ERRORS = frozenset({"daily_quota_exceeded", "monthly_quota_exceeded"})
-
-_TAG_DISALLOWED = re.compile(r"[^A-Za-z0-9_-]")
-TAG_MAX_LENGTH = 256
-
-
-def tag_value(value: str) -> str:
-    """``value`` as Resend accepts it in a tag name or value: ``[A-Za-z0-9_-]{1,256}``."""
-    return _TAG_DISALLOWED.sub("_", value)[:TAG_MAX_LENGTH] or "_"
 
 
 class ResendProvider(HttpProvider):

@@ -59,6 +59,7 @@ from email_platform.errors import (
 )
 from email_platform.providers.base import Accepted, OutgoingEmail
 from email_platform.providers.http import HttpProvider, ProviderRequest
+from email_platform.tags import tag_value
 
 SEND_EMAIL_PATH = "/v2/email/outbound-emails"
 SIGNING_SERVICE = "ses"  # the SES v2 API is signed as "ses", though its endpoint is "email."
@@ -98,15 +99,8 @@ PERMANENT_CODES = frozenset(
     }
 )
 
-_TAG_DISALLOWED = re.compile(r"[^A-Za-z0-9_-]")
 _HEADER_NAME = re.compile(r"^[!-9;-~]{1,126}$")  # printable ASCII but ":" (SES MessageHeaderName)
 _HEADER_VALUE = re.compile(r"^[ -~]{1,995}$")  # printable ASCII (SES MessageHeaderValue)
-
-
-def tag_value(value: str) -> str:
-    """``value`` as an SES message tag value: ``[A-Za-z0-9_-]{1,256}``, others become ``_``."""
-    cleaned = _TAG_DISALLOWED.sub("_", value)[:256]
-    return cleaned or "_"
 
 
 def error_code_of(response: httpx.Response) -> tuple[str | None, str]:

@@ -19,7 +19,12 @@ from dagster import (
 from sqlalchemy import Row
 
 from email_platform.ids import new_ulid
-from email_platform.jobs import lane_worker_job, send_email_job
+from email_platform.jobs import (
+    lane_worker_job,
+    lane_worker_run_config,
+    send_email_job,
+    send_run_config,
+)
 from email_platform.lanes import DEFAULT_LANE_CONFIGS, LANES, Lane, LaneConfig, outbox_sensor_name
 from email_platform.resources import AppDatabase, LanePolicy
 from email_platform.store import lane_workers, outbox
@@ -55,9 +60,7 @@ def plan_run_requests(
             RunRequest(
                 run_key=run_key,
                 job_name=send_email_job.name,
-                run_config={
-                    "ops": {"send_email_batch": {"config": {"lane": lane, "event_ids": event_ids}}}
-                },
+                run_config=send_run_config(lane, event_ids),
                 tags={
                     "email/lane": lane,
                     "email/event_type": event_types[0] if len(event_types) == 1 else "mixed",
@@ -145,7 +148,7 @@ def worker_run_request(lane: LaneConfig) -> RunRequest:
         # Unique per request: a worker is not tied to events, and the claim is the gate.
         run_key=f"{lane.lane.value}:worker:{new_ulid()}",
         job_name=lane_worker_job.name,
-        run_config={"ops": {"run_lane_worker": {"config": {"lane": lane.lane.value}}}},
+        run_config=lane_worker_run_config(lane.lane.value),
         tags={
             "email/lane": lane.lane.value,
             "email/worker": "lane",

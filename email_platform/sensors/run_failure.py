@@ -1,10 +1,13 @@
 """Safety net: whatever a failed send run still holds is given back to the outbox."""
 
 from dagster import DefaultSensorStatus, RunFailureSensorContext, run_failure_sensor
-from sqlalchemy import update
 
-from email_platform.db.schema import email_outbox
-from email_platform.jobs import ingest_webhooks_job, lane_worker_job, send_email_job
+from email_platform.jobs import (
+    ingest_webhooks_job,
+    lane_worker_job,
+    send_email_job,
+    send_run_event_ids,
+)
 from email_platform.resources import AppDatabase
 from email_platform.store import inbox, outbox
 
@@ -30,19 +33,10 @@ def email_run_failure_sensor(context: RunFailureSensorContext, app_database: App
     with app_database.get_engine().begin() as connection:
         released = outbox.release_run(connection, run.run_id)
         inbox.release_run(connection, run.run_id)
-        config = (run.run_config or {}).get("ops", {}).get("send_email_batch", {}).get("config", {})
-        event_ids = list(config.get("event_ids", []))
-        if event_ids:
-            # Events the run never claimed (it died before the claim) can be requested again now.
-            connection.execute(
-                update(email_outbox)
-                .where(
-                    email_outbox.c.event_id.in_(event_ids),
-                    email_outbox.c.status == outbox.PENDING,
-                    email_outbox.c.request_count < MAX_FAST_REREQUESTS,
-                )
-                .values(requested_at=None)
-            )
+        # Events the run never claimed (it died before the claim) can be requested again now.
+        outbox.make_requestable(
+            connection, send_run_event_ids(run.run_config), max_requests=MAX_FAST_REREQUESTS
+        )
     if released:
         context.log.warning(
             f"run {run.run_id} failed holding {len(released)} event(s); released them: "

@@ -9,7 +9,7 @@ from dagster import (
     sensor,
 )
 
-from email_platform.jobs import ingest_webhooks_job
+from email_platform.jobs import ingest_run_config, ingest_webhooks_job
 from email_platform.resources import AppDatabase
 from email_platform.store import inbox
 from email_platform.timeutil import utcnow
@@ -48,7 +48,7 @@ def webhook_inbox_sensor(
             requests.append(
                 RunRequest(
                     run_key=key,
-                    run_config={"ops": {"ingest_webhook_batch": {"config": {"inbox_ids": ids}}}},
+                    run_config=ingest_run_config(ids),
                     tags={
                         "email/lane": "webhooks",
                         "email/batch_size": str(len(ids)),

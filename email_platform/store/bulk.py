@@ -68,3 +68,16 @@ def insert_rows(connection: Connection, table: Table, rows: Sequence[dict[str, A
         )
     else:
         connection.execute(insert(table), list(rows))
+
+
+def rows_for_events(connection: Connection, table: Table, event_ids: Sequence[str]) -> list[Any]:
+    """Every row of ``table`` (any table with an ``event_id``) that belongs to these events."""
+    rows: list[Any] = []
+    for start in range(0, len(event_ids), 500):
+        chunk = list(event_ids[start : start + 500])
+        rows.extend(
+            connection.execute(
+                select(table).where(one_of(connection, table.c.event_id, chunk))
+            ).all()
+        )
+    return rows

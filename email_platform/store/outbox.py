@@ -196,6 +196,54 @@ def release_run(connection: Connection, run_id: str) -> list[str]:
     return [row.event_id for row in rows]
 
 
+def make_requestable(connection: Connection, event_ids: Sequence[str], max_requests: int) -> int:
+    """Pending events of a run that died before claiming them: requestable again at once.
+
+    Only those requested fewer than ``max_requests`` times: one that keeps failing to start
+    waits out its lane's request timeout instead, so doomed runs do not loop tightly.
+    """
+    total = 0
+    for chunk in _chunks(event_ids, 500):
+        total += connection.execute(
+            update(outbox)
+            .where(
+                one_of(connection, outbox.c.event_id, chunk),
+                outbox.c.status == PENDING,
+                outbox.c.request_count < max_requests,
+            )
+            .values(requested_at=None)
+        ).rowcount
+    return total
+
+
+def lanes_of(connection: Connection, event_ids: Sequence[str]) -> dict[str, list[str]]:
+    """The given events that exist, grouped by lane, each lane's ids in order."""
+    by_lane: dict[str, list[str]] = {}
+    for chunk in _chunks(sorted(event_ids), 500):
+        rows = connection.execute(
+            select(outbox.c.event_id, outbox.c.lane)
+            .where(one_of(connection, outbox.c.event_id, chunk))
+            .order_by(outbox.c.event_id)
+        ).all()
+        for row in rows:
+            by_lane.setdefault(row.lane, []).append(row.event_id)
+    return by_lane
+
+
+def counts_for(connection: Connection, event_ids: Sequence[str]) -> dict[str, int]:
+    """Status counts of the given events only."""
+    counts: dict[str, int] = {}
+    for chunk in _chunks(event_ids, 500):
+        rows = connection.execute(
+            select(outbox.c.status, func.count())
+            .where(one_of(connection, outbox.c.event_id, chunk))
+            .group_by(outbox.c.status)
+        ).all()
+        for status, n in rows:
+            counts[status] = counts.get(status, 0) + n
+    return counts
+
+
 def requeue(connection: Connection, event_ids: Sequence[str]) -> int:
     """Dead events back to pending for a replay; the lane sensor picks them up."""
     total = 0

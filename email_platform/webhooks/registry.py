@@ -12,10 +12,11 @@ from datetime import datetime
 from functools import cache
 from typing import Protocol
 
+from email_platform.config import WEBHOOK_PROVIDERS
 from email_platform.errors import ConfigurationError
 from email_platform.webhooks.vocabulary import NormalizedEvent
 
-NAMES = ("sandbox", "postmark", "sendgrid", "mailgun", "ses", "resend")
+NAMES = WEBHOOK_PROVIDERS
 
 
 class Verifier(Protocol):

@@ -59,7 +59,7 @@ from typing import Any
 
 from email_platform import config
 from email_platform.errors import ConfigurationError
-from email_platform.providers.resend import TAG_MAX_LENGTH
+from email_platform.tags import recoverable
 from email_platform.timeutil import utcnow
 from email_platform.webhooks.errors import WebhookMalformed
 from email_platform.webhooks.fields import as_object, stable_event_id, stripped_text
@@ -161,8 +161,8 @@ def _event(payload: dict[str, Any], kind: str, data: dict[str, Any]) -> Normaliz
         event_type=event_type,
         occurred_at=_time(payload.get("created_at")),
         recipient=_recipient(data.get("to")),
-        event_id=_recoverable(tags.get("event_id"), 26),
-        idempotency_key=_recoverable(tags.get("idempotency_key"), 255),
+        event_id=recoverable(tags.get("event_id"), 26),
+        idempotency_key=recoverable(tags.get("idempotency_key"), 255),
         provider_message_id=stripped_text(data.get("email_id")),
         reject_reason=reason,
         bounce_type=bounce_type,
@@ -185,13 +185,6 @@ def _tags(value: object) -> dict[str, str]:
             if isinstance(tag, dict) and "name" in tag and tag.get("value") is not None
         }
     return {}
-
-
-def _recoverable(value: str | None, max_length: int) -> str | None:
-    """A tag value that is certainly the original: ``tag_value`` changed nothing in it."""
-    if not value or "_" in value or len(value) >= TAG_MAX_LENGTH or len(value) > max_length:
-        return None
-    return value
 
 
 def _recipient(value: object) -> str | None:

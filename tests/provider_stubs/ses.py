@@ -30,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from email_platform.asgi import BackgroundServer
+from email_platform.sandbox.asgi import BackgroundServer
 
 ACCESS_KEY = "AKIDSTUBEXAMPLE"
 SECRET_KEY = "stub/secret/KEY+for+tests"

@@ -24,8 +24,8 @@ from typing import Any
 from sqlalchemy import Engine
 
 from email_platform.lanes import LaneConfig
-from email_platform.ops.send import retry_wait_s
-from email_platform.sending import BatchOutcome, BatchSender
+from email_platform.sending.batch import BatchOutcome, BatchSender
+from email_platform.sending.retry import retry_wait_s
 from email_platform.store import lane_workers, outbox
 from email_platform.timeutil import utcnow
 

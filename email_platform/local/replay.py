@@ -3,14 +3,14 @@
 from collections.abc import Sequence
 
 from dagster import DagsterInstance
-from sqlalchemy import select
 
 from email_platform import config
 from email_platform.db.engine import make_engine
-from email_platform.db.schema import email_outbox
 from email_platform.definitions import build_definitions
+from email_platform.jobs import send_run_config
 from email_platform.lanes import DEFAULT_LANE_CONFIGS, parse_lane
 from email_platform.resources import AppDatabase
+from email_platform.store import outbox
 
 
 def send_inline(
@@ -24,14 +24,7 @@ def send_inline(
     url = database_url or config.database_url()
     engine = make_engine(url)
     with engine.connect() as connection:
-        rows = connection.execute(
-            select(email_outbox.c.event_id, email_outbox.c.lane)
-            .where(email_outbox.c.event_id.in_(list(event_ids)))
-            .order_by(email_outbox.c.event_id)
-        ).all()
-    by_lane: dict[str, list[str]] = {}
-    for row in rows:
-        by_lane.setdefault(row.lane, []).append(row.event_id)
+        by_lane = outbox.lanes_of(connection, event_ids)
     job = build_definitions(app_database=AppDatabase(url=url)).get_job_def("send_email_job")
     instance = (
         DagsterInstance.get() if config.dagster_home_is_set() else (DagsterInstance.ephemeral())
@@ -42,9 +35,7 @@ def send_inline(
         for start in range(0, len(ids), size):
             batch = ids[start : start + size]
             result = job.execute_in_process(
-                run_config={
-                    "ops": {"send_email_batch": {"config": {"lane": lane, "event_ids": batch}}}
-                },
+                run_config=send_run_config(lane, batch),
                 instance=instance,
                 tags={
                     "email/lane": lane,

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import click
 import httpx
-from sqlalchemy import Column, Engine, MetaData, String, Table, func, insert, select
+from sqlalchemy import Column, Engine, MetaData, String, Table, insert, select
 
 from email_platform import config, publish
-from email_platform.asgi import BackgroundServer
 from email_platform.db.engine import make_engine, upgrade
 from email_platform.db.schema import (
     dead_letters,
@@ -28,10 +27,12 @@ from email_platform.db.schema import (
     email_outbox,
 )
 from email_platform.db.schema import suppressions as suppression_table
-from email_platform.local_dagster import DaemonProcess
-from email_platform.providers.sandbox_server import SandboxConfig, SandboxServer
-from email_platform.providers.sandbox_webhooks import WebhookPlan
-from email_platform.store import suppressions
+from email_platform.local.dagster_home import DaemonProcess
+from email_platform.sandbox.asgi import BackgroundServer
+from email_platform.sandbox.emitter import WebhookPlan
+from email_platform.sandbox.server import SandboxConfig, SandboxServer
+from email_platform.store import outbox, suppressions
+from email_platform.store.bulk import rows_for_events
 from email_platform.timeutil import as_utc, utcnow
 from email_platform.webhooks.receiver import create_receiver_app
 
@@ -194,35 +195,18 @@ def publish_demo_events(
 
 
 def _event_counts(engine: Engine, event_ids: list[str]) -> Counter:
-    counts: Counter = Counter()
     with engine.connect() as connection:
-        for start in range(0, len(event_ids), 500):
-            rows = connection.execute(
-                select(email_outbox.c.status, func.count())
-                .where(email_outbox.c.event_id.in_(event_ids[start : start + 500]))
-                .group_by(email_outbox.c.status)
-            ).all()
-            counts.update(dict(rows))
-    return counts
-
-
-def _rows_of(connection, table: Table, event_ids: list[str]) -> list:  # type: ignore[no-untyped-def]
-    """The rows of ``table`` for these events only (a reused demo home holds earlier runs)."""
-    rows: list = []
-    for start in range(0, len(event_ids), 500):
-        chunk = event_ids[start : start + 500]
-        rows.extend(connection.execute(select(table).where(table.c.event_id.in_(chunk))).all())
-    return rows
+        return Counter(outbox.counts_for(connection, event_ids))
 
 
 def summarize(engine: Engine, event_ids: list[str]) -> dict:
     with engine.connect() as connection:
-        msgs = _rows_of(connection, email_messages, event_ids)
-        events = {e.event_id: e for e in _rows_of(connection, email_outbox, event_ids)}
-        tries = _rows_of(connection, email_attempts, event_ids)
-        letters = _rows_of(connection, dead_letters, event_ids)
-        provider_events = _rows_of(connection, email_events, event_ids)
-        new_suppressions = len(_rows_of(connection, suppression_table, event_ids))
+        msgs = rows_for_events(connection, email_messages, event_ids)
+        events = {e.event_id: e for e in rows_for_events(connection, email_outbox, event_ids)}
+        tries = rows_for_events(connection, email_attempts, event_ids)
+        letters = rows_for_events(connection, dead_letters, event_ids)
+        provider_events = rows_for_events(connection, email_events, event_ids)
+        new_suppressions = len(rows_for_events(connection, suppression_table, event_ids))
     status = Counter(m.status for m in msgs)
     retried = {a.message_id for a in tries if a.outcome == "transient"}
     latency: dict[str, list[float]] = {}

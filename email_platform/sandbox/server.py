@@ -53,8 +53,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from email_platform.asgi import BackgroundServer, bind, url_for, uvicorn_config
-from email_platform.providers.sandbox_webhooks import WebhookEmitter, WebhookPlan
+from email_platform.sandbox.asgi import BackgroundServer, bind, url_for, uvicorn_config
+from email_platform.sandbox.emitter import WebhookEmitter, WebhookPlan
 
 __all__ = ["SandboxConfig", "SandboxServer", "create_app", "serve"]
 
