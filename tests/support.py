@@ -13,11 +13,9 @@ from email_platform.db.schema import dead_letters, email_attempts, email_message
 from email_platform.definitions import build_definitions
 from email_platform.lanes import LaneConfig
 from email_platform.providers.base import EmailProvider
-from email_platform.recipients import SqlDirectoryResolver
-from email_platform.rendering import TemplateRenderer
 from email_platform.resources import AppDatabase, EmailProviderResource, LanePolicy, RoutingResource
 from email_platform.routes import default_routes
-from email_platform.sending.batch import BatchSender
+from email_platform.sending.batch import BatchSender, build_sender
 
 FAST_LANES = {
     lane: {"retry_delay_s": 0.05, "max_retry_delay_s": 2.0, "max_retries": 3}
@@ -30,14 +28,8 @@ BATCH_LANES_JSON = json.dumps({lane: {"workers": 0} for lane in FAST_LANES})
 
 def batch_sender(engine: Engine, provider: EmailProvider, lane: LaneConfig) -> BatchSender:
     """The send path with the shipped routes and templates, as the send op builds it."""
-    return BatchSender(
-        engine=engine,
-        provider=provider,
-        renderer=TemplateRenderer(),
-        routes=default_routes(),
-        resolver=SqlDirectoryResolver(engine),
-        lane=lane,
-        sender_address="Example <no-reply@example.com>",
+    return build_sender(
+        engine=engine, provider=provider, lane=lane, sender_address="Example <no-reply@example.com>"
     )
 
 
@@ -170,7 +162,6 @@ def step_events(result: ExecuteInProcessResult, kind: str) -> list:
 
 def routes_with_signup_v3():
     """Shipped routes plus an upcaster from a newer producer's v3 (for replay-after-fix tests)."""
-    from email_platform.routes import default_routes
 
     table = default_routes()
     # Pretend v3 is the current version and v2 upcasts to it unchanged.

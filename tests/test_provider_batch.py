@@ -240,8 +240,10 @@ class _CancelDuringCall(SandboxProvider):
 def test_a_worker_stopped_mid_call_records_that_call_and_gives_back_the_rest(engine, sandbox):
     ids = [signup(engine, f"u{i}") for i in range(40)]
     lane = _lane(concurrency=1)
-    first = _worker(engine, None, lane, "worker-1")
+    placeholder = SandboxProvider(sandbox.base_url)
+    first = _worker(engine, placeholder, lane, "worker-1")
     first.sender.provider = _CancelDuringCall(sandbox.base_url, first.sender.cancel)
+    placeholder.close()
     result = first.run()
     assert result.reason == "canceled"
     accepted = {m["idempotency_key"] for m in sandbox_messages(sandbox.base_url)}

@@ -16,7 +16,7 @@ from email_platform.lanes import LaneConfig
 from email_platform.ops.retry import STEP_RETRY_POLICY
 from email_platform.providers.base import EmailProvider
 from email_platform.resources import AppDatabase, EmailProviderResource, LanePolicy, RoutingResource
-from email_platform.sending.batch import BatchSender
+from email_platform.sending.batch import BatchSender, build_sender
 from email_platform.sending.retry import retry_wait_s
 from email_platform.store import dead_letters
 
@@ -111,7 +111,7 @@ def make_sender(
     routing: RoutingResource,
     cancel: threading.Event | None = None,
 ) -> BatchSender:
-    return BatchSender(
+    return build_sender(
         engine=engine,
         provider=provider,
         renderer=routing.renderer(),

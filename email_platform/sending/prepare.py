@@ -1,0 +1,298 @@
+"""Preparing claimed events: route, dedupe, recipient, expiry, suppression, render.
+
+What comes out is the list of messages to hand to the provider, each with its idempotency key
+already committed. Everything decided here without a provider call (ignored, duplicate,
+expired, suppressed, a template or recipient failure) is recorded on the spot.
+"""
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine, Row
+
+from email_platform.errors import (
+    PermanentError,
+    RecipientNotFoundError,
+    TemplateRenderError,
+    UnknownEventVersionError,
+)
+from email_platform.lanes import LaneConfig
+from email_platform.providers.base import OutgoingEmail
+from email_platform.recipients import RecipientResolver
+from email_platform.rendering import TemplateRenderer
+from email_platform.routes import Route, RouteTable
+from email_platform.sending.record import Recorder
+from email_platform.sending.types import MAX_CLAIMS, BatchOutcome, Work
+from email_platform.store import dead_letters, messages, outbox, suppressions
+from email_platform.timeutil import as_utc, utcnow
+
+_HARD_SUPPRESSIONS = {suppressions.HARD_BOUNCE, suppressions.COMPLAINT, suppressions.MANUAL}
+
+
+class Preparer:
+    """Turns one run's claimed events into messages to send, for one lane and provider."""
+
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        routes: RouteTable,
+        renderer: TemplateRenderer,
+        resolver: RecipientResolver,
+        lane: LaneConfig,
+        provider_name: str,
+        sender_address: str,
+        recorder: Recorder,
+    ) -> None:
+        self.engine = engine
+        self.routes = routes
+        self.renderer = renderer
+        self.resolver = resolver
+        self.lane = lane
+        self.provider_name = provider_name
+        self.sender_address = sender_address
+        self.recorder = recorder
+
+    def prepare(
+        self, claimed: Sequence[Row], run_id: str, outcome: BatchOutcome, replay: bool
+    ) -> list[Work]:
+        lookups = self._look_up_recipients(claimed)
+        now = utcnow()
+        work: list[Work] = []
+        with self.engine.begin() as connection:
+            existing: dict[tuple[str, str], Row] = {
+                (m.event_id, m.route): m
+                for m in messages.for_events(connection, [e.event_id for e in claimed])
+            }
+            pending: list[tuple[Row, Row, Route, dict[str, Any]]] = []
+            routed: list[str] = []
+            # (event, route, payload, existing message or None) in publish order.
+            planned: list[tuple[Row, Route, dict[str, Any], Row | None]] = []
+            for event in claimed:
+                if not replay and event.claim_count > MAX_CLAIMS:
+                    self.recorder.crash_loop(connection, event, existing, run_id, now)
+                    outcome.dead += 1
+                    continue
+                try:
+                    version, payload = self.routes.upcast(
+                        event.event_type, event.event_version, dict(event.payload)
+                    )
+                except UnknownEventVersionError as error:
+                    self.recorder.dead_letter_event(connection, event, error, run_id, now)
+                    outcome.dead += 1
+                    continue
+                event_routes = self.routes.for_event(event.event_type, version)
+                if not event_routes:
+                    outbox.finish(
+                        connection,
+                        [event.event_id],
+                        status=outbox.DONE,
+                        resolution="ignored",
+                        now=now,
+                    )
+                    outcome.ignored += 1
+                    continue
+                routed.append(event.event_id)
+                for route in event_routes:
+                    planned.append(
+                        (event, route, payload, existing.get((event.event_id, route.name)))
+                    )
+            # Routed now: an event-level dead letter (say, a version that has an upcaster
+            # since) is settled, however the replay was started.
+            dead_letters.resolve_for_events(
+                connection, routed, status=dead_letters.REPLAYED, run_id=run_id, now=now
+            )
+            # New messages go in with one multi-row insert (idempotency keys recorded before
+            # any provider call); the unique indexes still decide duplicates, in publish order.
+            created = iter(
+                self._create_messages(
+                    connection,
+                    [(e, r, p) for e, r, p, m in planned if m is None],
+                    now,
+                    run_id,
+                    lookups,
+                )
+            )
+            for event, route, payload, message in planned:
+                if message is None:
+                    message = next(created)
+                if message.status == messages.DUPLICATE:
+                    outcome.duplicate += 1
+                elif message.status == messages.DEAD:
+                    outcome.dead += 1
+                elif message.status == messages.PENDING:
+                    pending.append((event, message, route, payload))
+
+            reasons = suppressions.reasons_for(
+                connection, [m.recipient for _, m, _, _ in pending if m.recipient]
+            )
+            for event, message, route, payload in pending:
+                expires_at = as_utc(message.expires_at)
+                if expires_at is not None and expires_at <= now:
+                    self.recorder.close_unsent(
+                        connection,
+                        message,
+                        messages.EXPIRED,
+                        f"expired at {expires_at.isoformat()}",
+                        dead_letters.EXPIRED,
+                        run_id,
+                        now,
+                    )
+                    outcome.expired += 1
+                    continue
+                reason = reasons.get(suppressions.normalize(message.recipient))
+                if reason and (reason in _HARD_SUPPRESSIONS or not route.bypass_unsubscribe):
+                    self.recorder.close_unsent(
+                        connection,
+                        message,
+                        messages.SUPPRESSED,
+                        f"address suppressed: {reason}",
+                        dead_letters.SUPPRESSED,
+                        run_id,
+                        now,
+                    )
+                    outcome.suppressed += 1
+                    continue
+                try:
+                    rendered = self.renderer.render(
+                        route.template, message.template_version, payload
+                    )
+                except TemplateRenderError as error:
+                    self.recorder.dead_letter(
+                        connection,
+                        message,
+                        error.reason,
+                        str(error),
+                        code=error.code,
+                        run_id=run_id,
+                        now=now,
+                    )
+                    outcome.dead += 1
+                    continue
+                work.append(
+                    Work(
+                        message,
+                        OutgoingEmail(
+                            message_id=message.message_id,
+                            event_id=event.event_id,
+                            idempotency_key=message.idempotency_key,
+                            sender=self.sender_address,
+                            to=message.recipient,
+                            subject=rendered.subject,
+                            text=rendered.text,
+                            html=rendered.html,
+                            template=route.template,
+                            lane=self.lane.lane.value,
+                            headers={"X-Email-Event-Id": event.event_id},
+                        ),
+                    )
+                )
+        return work
+
+    def _look_up_recipients(self, claimed: Sequence[Row]) -> dict[str, str | None]:
+        """Resolve looked-up recipients before the write transaction opens.
+
+        The directory may live in the same SQLite file, whose write lock this process would
+        otherwise hold while asking it.
+        """
+        keys: set[str] = set()
+        for event in claimed:
+            try:
+                version, payload = self.routes.upcast(
+                    event.event_type, event.event_version, dict(event.payload)
+                )
+            except UnknownEventVersionError:
+                continue
+            for route in self.routes.for_event(event.event_type, version):
+                key = payload.get(route.recipient_lookup_field or "")
+                if route.recipient_lookup_field and key is not None:
+                    keys.add(str(key))
+        return {key: self.resolver.lookup(key) for key in sorted(keys)}
+
+    def _create_messages(
+        self,
+        connection: Any,
+        items: Sequence[tuple[Row, Route, dict[str, Any]]],
+        now: datetime,
+        run_id: str,
+        lookups: dict[str, str | None],
+    ) -> list[Row]:
+        """Insert the messages of ``items`` (in order); dead-letter those that cannot be sent."""
+        planned = [self._message_values(e, r, p, now, lookups) for e, r, p in items]
+        rows = messages.create_many(connection, [values for values, _ in planned])
+        result: list[Row] = []
+        for message, (_, failure) in zip(rows, planned, strict=True):
+            if failure is not None and message.status == messages.PENDING:
+                self.recorder.dead_letter(
+                    connection,
+                    message,
+                    failure.reason,
+                    str(failure),
+                    code=failure.code,
+                    run_id=run_id,
+                    now=now,
+                )
+                message = messages.get(connection, message.message_id)
+            result.append(message)
+        return result
+
+    def _message_values(
+        self,
+        event: Row,
+        route: Route,
+        payload: dict[str, Any],
+        now: datetime,
+        lookups: dict[str, str | None],
+    ) -> tuple[dict[str, Any], PermanentError | None]:
+        base_key = event.idempotency_key or event.event_id
+        expires = [as_utc(event.expires_at)]
+        if route.ttl_s is not None:
+            expires.append(as_utc(event.published_at) + timedelta(seconds=route.ttl_s))
+        known = [e for e in expires if e is not None]
+        values: dict[str, Any] = {
+            "event_id": event.event_id,
+            "route": route.name,
+            "template": route.template,
+            "lane": event.lane,
+            "idempotency_key": f"{base_key}:{route.name}",
+            "dedupe_key": route.dedupe_key_for(payload),
+            "status": messages.PENDING,
+            "expires_at": min(known) if known else None,
+            "created_at": now,
+            "updated_at": now,
+            "provider": self.provider_name,
+        }
+        failure: PermanentError | None = None
+        try:
+            values["template_version"] = route.template_version or self.renderer.latest_version(
+                route.template
+            )
+        except TemplateRenderError as error:
+            values["template_version"] = route.template_version or 0
+            failure = error
+        try:
+            values["recipient"] = self._recipient(route, payload, lookups)
+            values["recipient_domain"] = values["recipient"].rsplit("@", 1)[-1].lower()
+        except RecipientNotFoundError as error:
+            failure = failure or error
+        return values, failure
+
+    def _recipient(
+        self, route: Route, payload: dict[str, Any], lookups: dict[str, str | None]
+    ) -> str:
+        if route.recipient_lookup_field:
+            key = payload.get(route.recipient_lookup_field)
+            address = lookups.get(str(key)) if key is not None else None
+            if not address:
+                raise RecipientNotFoundError(
+                    f"no recipient for {route.recipient_lookup_field}={key!r}",
+                    code="recipient_not_found",
+                )
+            return address
+        address = payload.get(route.recipient_field or "")
+        if not address:
+            raise RecipientNotFoundError(
+                f"payload has no {route.recipient_field!r}", code="recipient_missing"
+            )
+        return str(address)

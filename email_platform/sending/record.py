@@ -1,0 +1,344 @@
+"""Recording what happened: attempts, message states, dead letters, and settling events.
+
+Every decision is committed as soon as it is known, so a crash at any point loses no outcome
+that was already in hand. An event is settled (``done`` or ``dead``) once all its messages are
+terminal; one with a message still pending stays in flight under this run's lease.
+"""
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine, Row
+
+from email_platform.classify import is_transient
+from email_platform.errors import ConfigurationError, DeliveryError, PermanentError, TransientError
+from email_platform.lanes import LaneConfig
+from email_platform.providers.base import Accepted
+from email_platform.sending.types import BatchOutcome, Sent, Work
+from email_platform.store import attempts, dead_letters, messages, outbox
+from email_platform.timeutil import utcnow
+
+
+class Recorder:
+    """Writes one run's outcomes for one lane; ``provider_name`` is stamped on each message."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        lane: LaneConfig,
+        provider_name: str,
+        log: logging.Logger | Any,
+    ) -> None:
+        self.engine = engine
+        self.lane = lane
+        self.provider_name = provider_name
+        self.log = log
+
+    # ---- provider answers ---------------------------------------------------------------------
+
+    def record_group(
+        self, group: list[Sent], run_id: str, outcome: BatchOutcome
+    ) -> ConfigurationError | None:
+        """One transaction per group, the accepted sends with one statement per table."""
+        configuration_error: ConfigurationError | None = None
+        with self.engine.begin() as connection:
+            accepted: list[tuple[Work, Accepted, datetime]] = []
+            for sent in group:
+                if isinstance(sent.result, Accepted):
+                    accepted.append((sent.item, sent.result, sent.started))
+                elif isinstance(sent.result, ConfigurationError):
+                    # A wrong setting is the deployment's to fix: dead-letter nothing.
+                    configuration_error = configuration_error or sent.result
+                else:
+                    self._record_failure(
+                        connection, sent.item, sent.result, sent.started, run_id, outcome
+                    )
+            self._record_accepted(connection, accepted, run_id, outcome)
+        return configuration_error
+
+    def salvage(self, leftovers: list[Sent], run_id: str, outcome: BatchOutcome) -> None:
+        """Interrupted: record the answers in hand if the database still lets us."""
+        try:
+            self.record_group(leftovers, run_id, outcome)
+            self.log.warning(f"interrupted: recorded the {len(leftovers)} outcome(s) in hand")
+        except Exception as exc:  # the database may be what failed; the keys still guard
+            self.log.warning(f"interrupted: could not record {len(leftovers)} outcome(s): {exc}")
+
+    def _record_accepted(
+        self,
+        connection: Any,
+        accepted: Sequence[tuple[Work, Accepted, datetime]],
+        run_id: str,
+        outcome: BatchOutcome,
+    ) -> None:
+        if not accepted:
+            return
+        now = utcnow()
+        attempts.add(
+            connection,
+            [
+                {
+                    "message_id": item.message.message_id,
+                    "event_id": item.message.event_id,
+                    "run_id": run_id,
+                    "attempt_no": item.message.attempts + 1,
+                    "started_at": started,
+                    "finished_at": now,
+                    "outcome": "accepted",
+                    "http_status": result.status_code,
+                    "provider_message_id": result.provider_message_id,
+                    "error": None,
+                    "retry_after_s": None,
+                }
+                for item, result, started in accepted
+            ],
+        )
+        messages.record_accepted_many(
+            connection,
+            [(item.message.message_id, result.provider_message_id) for item, result, _ in accepted],
+            now,
+            self.provider_name,
+        )
+        dead_letters.resolve_for_messages(
+            connection,
+            [item.message.message_id for item, _, _ in accepted],
+            status=dead_letters.REPLAYED,
+            run_id=run_id,
+            now=now,
+        )
+        outcome.sent += len(accepted)
+
+    def _record_failure(
+        self,
+        connection: Any,
+        item: Work,
+        result: DeliveryError,
+        started: datetime,
+        run_id: str,
+        outcome: BatchOutcome,
+    ) -> None:
+        now = utcnow()
+        message = item.message
+        attempt_no = message.attempts + 1
+        attempt = {
+            "message_id": message.message_id,
+            "event_id": message.event_id,
+            "run_id": run_id,
+            "attempt_no": attempt_no,
+            "started_at": started,
+            "finished_at": now,
+        }
+        transient = is_transient(result)
+        attempts.add(
+            connection,
+            [
+                {
+                    **attempt,
+                    "outcome": "transient" if transient else "permanent",
+                    "http_status": result.status_code,
+                    "error": str(result),
+                    "retry_after_s": result.retry_after_s
+                    if isinstance(result, TransientError)
+                    else None,
+                }
+            ],
+        )
+        messages.record_attempt(
+            connection,
+            message.message_id,
+            now,
+            accepted=False,
+            provider=self.provider_name,
+            provider_message_id=None,
+            error=str(result),
+        )
+        if transient:
+            outcome.transient.append(message.message_id)
+            if isinstance(result, TransientError) and result.retry_after_s is not None:
+                outcome.retry_after_s = max(outcome.retry_after_s or 0.0, result.retry_after_s)
+            self.log.warning(
+                f"event_id={message.event_id} message={message.message_id} "
+                f"transient failure, will retry: {result}"
+            )
+            return
+        refreshed = messages.get(connection, message.message_id)
+        self.dead_letter(
+            connection,
+            refreshed,
+            result.reason,
+            str(result),
+            code=result.code,
+            run_id=run_id,
+            now=now,
+        )
+        outcome.dead += 1
+
+    # ---- terminal bookkeeping ----------------------------------------------------------------
+
+    def close_unsent(
+        self,
+        connection: Any,
+        message: Row,
+        status: str,
+        why: str,
+        letter_status: str,
+        run_id: str,
+        now: datetime,
+    ) -> None:
+        """A message that will not be sent (expired, suppressed); a replay's letter closes too."""
+        messages.set_status(connection, message.message_id, status, now, last_error=why)
+        dead_letters.resolve_for_messages(
+            connection, [message.message_id], status=letter_status, run_id=run_id, now=now
+        )
+
+    def dead_letter(
+        self,
+        connection: Any,
+        message: Row,
+        reason: str,
+        error: str,
+        *,
+        code: str | None,
+        run_id: str,
+        now: datetime,
+    ) -> None:
+        messages.set_status(connection, message.message_id, messages.DEAD, now, last_error=error)
+        dead_letters.add(
+            connection,
+            {
+                "event_id": message.event_id,
+                "message_id": message.message_id,
+                "lane": message.lane,
+                "reason": reason,
+                "error_code": code,
+                "last_error": error,
+                "attempts": message.attempts,
+                "run_id": run_id,
+                "created_at": now,
+            },
+        )
+        self.log.error(
+            f"event_id={message.event_id} message={message.message_id} "
+            f"dead-lettered ({reason}): {error}"
+        )
+
+    def dead_letter_event(
+        self, connection: Any, event: Row, error: DeliveryError, run_id: str, now: datetime
+    ) -> None:
+        dead_letters.add(
+            connection,
+            {
+                "event_id": event.event_id,
+                "message_id": None,
+                "lane": event.lane,
+                "reason": error.reason,
+                "error_code": error.code,
+                "last_error": str(error),
+                "attempts": 0,
+                "run_id": run_id,
+                "created_at": now,
+            },
+        )
+        outbox.finish(
+            connection, [event.event_id], status=outbox.DEAD, resolution=error.reason, now=now
+        )
+        self.log.error(f"event_id={event.event_id} dead-lettered ({error.reason}): {error}")
+
+    def crash_loop(
+        self,
+        connection: Any,
+        event: Row,
+        existing: dict[tuple[str, str], Row],
+        run_id: str,
+        now: datetime,
+    ) -> None:
+        pending = [
+            m
+            for (eid, _), m in existing.items()
+            if eid == event.event_id and m.status == messages.PENDING
+        ]
+        error = f"claimed {event.claim_count} times without finishing (runs kept dying)"
+        for message in pending:
+            self.dead_letter(
+                connection,
+                message,
+                "claim_limit",
+                error,
+                code="claim_limit",
+                run_id=run_id,
+                now=now,
+            )
+        if not pending:
+            self.dead_letter_event(
+                connection, event, PermanentError(error, code="claim_limit"), run_id, now
+            )
+        else:
+            outbox.finish(
+                connection, [event.event_id], status=outbox.DEAD, resolution="claim_limit", now=now
+            )
+
+    def give_up(self, message_ids: Sequence[int], *, run_id: str) -> int:
+        """Retries are exhausted: every still-pending message becomes a dead letter."""
+        now = utcnow()
+        count = 0
+        event_ids: set[str] = set()
+        with self.engine.begin() as connection:
+            for message_id in message_ids:
+                message = messages.get(connection, message_id)
+                if message is None or message.status != messages.PENDING:
+                    continue
+                self.dead_letter(
+                    connection,
+                    message,
+                    "retries_exhausted",
+                    message.last_error or "transient failures until retries ran out",
+                    code="retries_exhausted",
+                    run_id=run_id,
+                    now=now,
+                )
+                event_ids.add(message.event_id)
+                count += 1
+        if event_ids:
+            with self.engine.begin() as connection:
+                self.settle(connection, sorted(event_ids), run_id, utcnow())
+        return count
+
+    def finish_events(self, claimed: Sequence[Row], run_id: str, outcome: BatchOutcome) -> None:
+        with self.engine.begin() as connection:
+            still_in_flight = self.settle(
+                connection, [e.event_id for e in claimed], run_id, utcnow()
+            )
+            if still_in_flight:
+                # Hold the claim across the retry wait, so no other run takes these events.
+                wait_s = self.lane.max_retry_delay_s + self.lane.lease_s
+                outbox.extend_lease(
+                    connection, still_in_flight, run_id, utcnow() + timedelta(seconds=wait_s)
+                )
+
+    def settle(
+        self, connection: Any, event_ids: Sequence[str], run_id: str, now: datetime
+    ) -> list[str]:
+        """Close every event whose messages are all terminal; return those still in flight."""
+        by_event: dict[str, list[str]] = {eid: [] for eid in event_ids}
+        for message in messages.for_events(connection, list(event_ids)):
+            by_event[message.event_id].append(message.status)
+        in_flight: list[str] = []
+        done: dict[str, list[str]] = {}
+        dead: list[str] = []
+        for event_id, statuses in by_event.items():
+            if not statuses:
+                continue  # ignored or dead-lettered as an event: already finished
+            if any(s not in messages.TERMINAL for s in statuses):
+                in_flight.append(event_id)
+            elif messages.DEAD in statuses:
+                dead.append(event_id)
+            else:
+                resolution = messages.SENT if messages.SENT in statuses else statuses[0]
+                done.setdefault(resolution, []).append(event_id)
+        for resolution, ids in done.items():
+            outbox.finish(connection, ids, status=outbox.DONE, resolution=resolution, now=now)
+        if dead:
+            outbox.finish(connection, dead, status=outbox.DEAD, resolution="dead_letter", now=now)
+        return in_flight

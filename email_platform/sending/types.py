@@ -1,0 +1,78 @@
+"""What the steps of the send path hand each other: outcome counts, messages to send, answers."""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import Row
+
+from email_platform.errors import ConfigurationError, DeliveryError
+from email_platform.providers.base import Accepted, OutgoingEmail
+
+# A run that keeps dying on the same events must not loop forever.
+MAX_CLAIMS = 5
+
+
+@dataclass
+class BatchOutcome:
+    requested: int = 0
+    claimed: list[str] = field(default_factory=list)
+    sent: int = 0
+    suppressed: int = 0
+    expired: int = 0
+    duplicate: int = 0
+    dead: int = 0
+    ignored: int = 0
+    #: Messages that failed transiently this attempt and are still pending.
+    transient: list[int] = field(default_factory=list)
+    #: Largest Retry-After among the transient failures, if any provider gave one.
+    retry_after_s: float | None = None
+
+    @property
+    def skipped(self) -> int:
+        """Requested events this run did not get: done already, or held by another run."""
+        return self.requested - len(self.claimed)
+
+    def as_metadata(self) -> dict[str, int]:
+        return {
+            "requested": self.requested,
+            "claimed": len(self.claimed),
+            "skipped": self.skipped,
+            "sent": self.sent,
+            "suppressed": self.suppressed,
+            "expired": self.expired,
+            "duplicate": self.duplicate,
+            "dead_lettered": self.dead,
+            "ignored": self.ignored,
+            "transient": len(self.transient),
+        }
+
+
+@dataclass
+class Work:
+    """One message to hand to the provider in this attempt."""
+
+    message: Row
+    email: OutgoingEmail
+
+
+#: What one provider call answered for one message.
+Result = Accepted | DeliveryError | ConfigurationError
+
+
+@dataclass
+class Sent:
+    """What one provider call came back with."""
+
+    item: Work
+    started: datetime
+    result: Result
+
+
+@dataclass
+class ClaimedBatch:
+    """Events claimed by one run and their messages, prepared and not yet sent."""
+
+    outcome: BatchOutcome
+    events: Sequence[Row]
+    work: list[Work]
