@@ -16,7 +16,7 @@ from email_platform.timeutil import as_utc, isoformat, utcnow
 
 
 def status(engine: Engine, now: datetime | None = None) -> dict[str, Any]:
-    """The ``email-platform status --json`` object (DESIGN.md)."""
+    """The ``email-platform status --json`` object (docs/design.md)."""
     now = now or utcnow()
     with engine.connect() as connection:
         events = outbox.counts_by_status(connection)

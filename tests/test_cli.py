@@ -155,3 +155,38 @@ def test_trace_includes_the_funnel_row_once_the_warehouse_is_built(
     (row,) = after["funnel"]
     assert row["event_id"] == event_id and row["template"] == "welcome"
     assert row["final_status"] == "sent"
+
+
+def test_the_duckdb_command_the_demo_prints_reads_the_warehouse_format(tmp_path):
+    """README's install brings the ``duckdb`` command the demo tells analysts to run, beside
+    this interpreter, at the library's version: it opens a file the library wrote, read-only."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import duckdb
+
+    path = tmp_path / "warehouse.duckdb"
+    with duckdb.connect(str(path)) as connection:
+        connection.execute("CREATE TABLE email_funnel AS SELECT range AS n FROM range(7)")
+    command = Path(sys.executable).parent / "duckdb"
+    result = subprocess.run(
+        [
+            str(command),
+            "-readonly",
+            "-csv",
+            str(path),
+            "-c",
+            "SELECT count(*), sum(n) FROM email_funnel",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "7,21"
+    version = subprocess.run(
+        [str(command), "-version"], capture_output=True, text=True, timeout=60, check=False
+    ).stdout
+    assert duckdb.__version__ in version

@@ -1,6 +1,6 @@
 """A run worker killed mid-send: the run-failure sensor releases its claim and the next run
 sends every message exactly once, the provider's idempotency key closing the window in which
-the dead worker's request was accepted but never recorded (DESIGN.md invariants 2 and 3).
+the dead worker's request was accepted but never recorded (docs/design.md invariants 2 and 3).
 """
 
 import multiprocessing

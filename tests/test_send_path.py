@@ -1,5 +1,5 @@
 """The send job against the sandbox over HTTP, on SQLite and PostgreSQL: every invariant of
-the send side (DESIGN.md 2-5) with its fault injected, asserting nothing lost, nothing doubled.
+the send side (docs/design.md 2-5) with its fault injected, asserting nothing lost, nothing doubled.
 """
 
 import multiprocessing

@@ -8,6 +8,7 @@ import base64
 import os
 import random
 import statistics
+import sys
 import time
 from collections import Counter
 from datetime import timedelta
@@ -362,7 +363,7 @@ def _print_funnel(database_url: str, dagster_home: Path, event_ids: list[str]) -
         click.echo("analytics materialization failed; see the run in the Dagster UI", err=True)
         return
     click.echo(funnel_report(warehouse_path, event_ids=event_ids).to_text())
-    click.echo(f"Query it yourself: duckdb -readonly {warehouse_path} (see analytics/)")
+    click.echo(f"Query it yourself: {_command('duckdb')} -readonly {warehouse_path} (see analytics/)")
 
 
 def _print_report(report: dict, elapsed: float, dagster_home: Path) -> None:
@@ -399,7 +400,16 @@ def _print_report(report: dict, elapsed: float, dagster_home: Path) -> None:
         click.echo(f"    {lane:<13} p50 {p50:6.2f}s   p95 {p95:6.2f}s")
     click.echo("")
     click.echo("Open the same runs in the Dagster UI:")
-    click.echo(f"  DAGSTER_HOME={dagster_home} dagster dev -w workspace.yaml")
     click.echo(
-        "Inspect: email-platform status | email-platform dlq list | email-platform trace EVENT_ID"
+        f"  DAGSTER_HOME={dagster_home} {_command('dagster')} dev "
+        f"-w {dagster_home / 'workspace.yaml'}"
     )
+    cli = _command("email-platform")
+    click.echo(f"Inspect: {cli} status | {cli} dlq list | {cli} trace EVENT_ID")
+
+
+def _command(name: str) -> str:
+    """``name`` as the user can run it from any directory: the script installed beside this
+    interpreter (README's install puts them in ``.venv/bin``, which need not be on PATH)."""
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.exists() else name

@@ -18,7 +18,7 @@ the dead letter; 429 (rate limit), 5xx and ErrorCode 100 (maintenance) are trans
 header).
 
 **Postmark has no idempotency header.** The ``idempotency_key`` still travels in
-``Metadata`` so a duplicate can be traced, but the one accepted window of DESIGN.md
+``Metadata`` so a duplicate can be traced, but the one accepted window of docs/design.md
 invariant 3 (the provider accepted, the process died before the commit) stays open for
 Postmark: a retry after a lost 200 sends the mail a second time.
 """

@@ -16,7 +16,7 @@ tag, and exactly as is in the ``Idempotency-Key`` header. A webhook normalizer m
 the key must compare ``tag_value(key)``.
 
 Resend honours the ``Idempotency-Key`` for 24 hours: a retry with the same key and payload
-gets the first answer and sends nothing, so the one accepted window of DESIGN.md invariant 3
+gets the first answer and sends nothing, so the one accepted window of docs/design.md invariant 3
 is closed for Resend.
 
 A 200 answer is ``{"id": "..."}``. Errors are ``{"statusCode", "name", "message"}`` and the

@@ -27,7 +27,7 @@ so every other character becomes ``_`` (``01J...:welcome`` -> ``01J..._welcome``
 only as a cross-check. The exact key also travels as the ``X-Email-Idempotency-Key`` header.
 
 Idempotency: SES ``SendEmail`` takes no idempotency token or header (its request has no such
-member). The accepted-then-lost window of DESIGN.md invariant 3 therefore stays open with SES:
+member). The accepted-then-lost window of docs/design.md invariant 3 therefore stays open with SES:
 a send whose answer is lost (timeout after SES accepted) is retried and may be delivered twice.
 
 Credentials come from ``EMAIL_PLATFORM_SES_ACCESS_KEY_ID`` / ``_SECRET_ACCESS_KEY`` /
