@@ -16,9 +16,6 @@ from dagster import (
     op,
 )
 
-# Dagster exports no public name for instigator state; this is where 1.13 keeps it.
-from dagster._core.scheduler.instigation import InstigatorStatus, InstigatorType
-
 from email_platform.lanes import LaneConfig, outbox_sensor_name
 from email_platform.ops.retry import STEP_RETRY_POLICY
 from email_platform.ops.send import finish_with_dead_letters, make_sender, send_batch
@@ -59,11 +56,11 @@ def stop_check(
                 state["reason"] = "canceled"
             # An ephemeral instance (tests, in-process runs) has no sensors to stop.
             elif instance.schedule_storage is not None and any(
-                s.instigator_name == name and s.status == InstigatorStatus.STOPPED
-                for s in instance.all_instigator_state(
-                    repository_origin_id=repository_origin_id,
-                    instigator_type=InstigatorType.SENSOR,
-                )
+                # Dagster exports no public name for the instigator enums: compare their values.
+                s.instigator_name == name
+                and s.instigator_type.value == "SENSOR"
+                and s.status.value == "STOPPED"
+                for s in instance.all_instigator_state(repository_origin_id=repository_origin_id)
             ):
                 state["reason"] = "paused"
         return state["reason"]

@@ -37,14 +37,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import os
-import random
-import re
 import sys
-import threading
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from functools import lru_cache
 from typing import Any
 
 import uvicorn
@@ -54,241 +47,23 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from email_platform.sandbox.asgi import BackgroundServer, bind, url_for, uvicorn_config
-from email_platform.sandbox.emitter import WebhookEmitter, WebhookPlan
+from email_platform.sandbox.faults import parse_rule, retry_after_value
+from email_platform.sandbox.state import SandboxConfig, SandboxState, dumps
 
 __all__ = ["SandboxConfig", "SandboxServer", "create_app", "serve"]
 
-
-@dataclass
-class SandboxConfig:
-    """Behaviour of one sandbox provider instance."""
-
-    api_key: str | None = None
-    latency_ms: float = 0
-    rate_429: float = 0
-    rate_5xx: float = 0
-    rate_timeout: float = 0
-    rate_accept_timeout: float = 0
-    rate_4xx: float = 0
-    retry_after_s: float = 1
-    timeout_delay_s: float = 30
-    seed: int | None = None
-    #: Where to post signed webhooks for accepted messages (None: no webhooks).
-    webhooks: WebhookPlan | None = None
-
-
-FAULT_KINDS = ("429", "500", "503", "timeout", "accept_timeout", "422", "400", "401")
-RULE_KINDS = frozenset(FAULT_KINDS) - {"401"}
-
-_DIRECTIVE_RE = re.compile(r"^(429|500|503|timeout|accepttimeout|reject|400|401)(?:x(\d+))?$")
-_DIRECTIVE_KIND = {"accepttimeout": "accept_timeout", "reject": "422"}
 
 _JSON = "application/json"
 #: Most messages one ``/v1/send/batch`` call takes (Postmark's batch endpoint takes 500 too).
 BATCH_MAX = 500
 
 
-def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
-
-
 def _json(status: int, obj: Any, headers: dict[str, str] | None = None) -> Response:
-    return Response(_dumps(obj), status_code=status, headers=headers, media_type=_JSON)
+    return Response(dumps(obj), status_code=status, headers=headers, media_type=_JSON)
 
 
 def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response:
     return _json(status, {"error": {"code": code, "message": message}}, headers)
-
-
-def _retry_after_value(seconds: float) -> str:
-    # Whole seconds are what real providers send; fractional values are kept (not rounded up)
-    # so fast tests can configure sub-second back-off and still see it honoured.
-    seconds = max(0.0, float(seconds))
-    return str(int(seconds)) if seconds.is_integer() else f"{seconds:g}"
-
-
-@lru_cache(maxsize=4096)
-def _parse_directives(to: str) -> tuple[tuple[str, int | None], ...]:
-    # Cached because benchmarks send many messages to the same few addresses.
-    local = to.rpartition("@")[0]
-    directives: list[tuple[str, int | None]] = []
-    for token in local.split("+")[1:]:
-        match = _DIRECTIVE_RE.match(token.lower())
-        if match is None:
-            continue
-        name, count = match.groups()
-        directives.append((_DIRECTIVE_KIND.get(name, name), int(count) if count else None))
-    return tuple(directives)
-
-
-def _directive_for_attempt(to: str, attempt: int) -> str | None:
-    first_attempt_of_window = 0
-    for kind, count in _parse_directives(to):
-        if count is None or attempt < first_attempt_of_window + count:
-            return kind
-        first_attempt_of_window += count
-    return None
-
-
-@dataclass
-class _FaultRule:
-    kind: str
-    times: int
-    to: str | None = None
-    event_id: str | None = None
-
-    def matches(self, to: str, event_id: str | None) -> bool:
-        if self.to is not None and self.to != to:
-            return False
-        return self.event_id is None or self.event_id == event_id
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "times": self.times, "to": self.to, "event_id": self.event_id}
-
-
-def _parse_rule(raw: Any) -> _FaultRule:
-    if not isinstance(raw, dict):
-        raise ValueError("each rule must be an object")
-    kind = str(raw.get("kind", ""))
-    if kind not in RULE_KINDS:
-        raise ValueError(f"rule kind must be one of {sorted(RULE_KINDS)}, got {kind!r}")
-    times = raw.get("times", 1)
-    if isinstance(times, bool) or not isinstance(times, int) or times < 1:
-        raise ValueError("rule times must be a positive integer")
-    to, event_id = raw.get("to"), raw.get("event_id")
-    if not (to is None or isinstance(to, str)) or not (
-        event_id is None or isinstance(event_id, str)
-    ):
-        raise ValueError("rule to/event_id must be strings or null")
-    return _FaultRule(kind=kind, times=times, to=to, event_id=event_id)
-
-
-class _SandboxState:
-    """All mutable state of one app.
-
-    Every read-modify-write happens under ``lock`` and never spans an ``await``: inside one
-    event loop that alone makes each decision atomic, and the threading lock (uncontended, so
-    nearly free) keeps it correct if the app is ever driven from several threads/loops.
-    """
-
-    def __init__(self, config: SandboxConfig) -> None:
-        self.config = config
-        self.lock = threading.Lock()
-        self.emitter = WebhookEmitter(config.webhooks, config.seed) if config.webhooks else None
-        self.reset()
-
-    def reset(self) -> None:
-        with self.lock:
-            # Reseeding keeps a reset server reproducible, like a freshly started one.
-            self.rng = random.Random(self.config.seed)
-            self.messages: list[dict[str, Any]] = []
-            self.answers: dict[str, tuple[int, bytes]] = {}
-            self.attempts: dict[str, int] = {}
-            self.rules: list[_FaultRule] = []
-            self.requests = 0
-            self.batch_requests = 0
-            #: Messages offered for sending, alone or in a batch, replays of a key included.
-            self.send_attempts = 0
-            self.repeated_keys = 0
-            self.faults = dict.fromkeys(FAULT_KINDS, 0)
-
-    def pick_random_fault(self) -> str | None:
-        cfg = self.config
-        total = (
-            cfg.rate_429 + cfg.rate_5xx + cfg.rate_timeout + cfg.rate_accept_timeout + cfg.rate_4xx
-        )
-        if total <= 0:
-            return None
-        # One draw per request keeps the fault sequence a pure function of the seed.
-        u = self.rng.random()
-        edge = cfg.rate_429
-        if u < edge:
-            return "429"
-        if u < edge + cfg.rate_5xx:
-            return "500" if u < edge + cfg.rate_5xx / 2 else "503"
-        edge += cfg.rate_5xx
-        if u < edge + cfg.rate_timeout:
-            return "timeout"
-        edge += cfg.rate_timeout
-        if u < edge + cfg.rate_accept_timeout:
-            return "accept_timeout"
-        edge += cfg.rate_accept_timeout
-        if u < edge + cfg.rate_4xx:
-            return "400"
-        return None
-
-    def pick_fault(self, key: str, to: str, event_id: str | None) -> str | None:
-        """Decide this attempt's fault; caller holds ``lock``."""
-        attempt = self.attempts.get(key, 0)
-        self.attempts[key] = attempt + 1
-        kind = _directive_for_attempt(to, attempt)
-        if kind is not None:
-            return kind
-        for index, rule in enumerate(self.rules):
-            if rule.matches(to, event_id):
-                rule.times -= 1
-                if rule.times <= 0:
-                    del self.rules[index]
-                return rule.kind
-        if attempt == 0:
-            return self.pick_random_fault()
-        return None
-
-    def decide(
-        self, key: str, payload: dict[str, Any]
-    ) -> tuple[tuple[int, bytes] | None, str | None, dict[str, Any] | None]:
-        """One attempt of one valid message: (stored answer of a repeated key, fault, answer of
-        a new acceptance). Takes ``lock``; a message is accepted at most once per key."""
-        event_id = (payload.get("metadata") or {}).get("event_id")
-        with self.lock:
-            self.send_attempts += 1
-            stored = self.answers.get(key)
-            if stored is not None:
-                self.repeated_keys += 1
-                return stored, None, None
-            fault = self.pick_fault(key, payload["to"], event_id)
-            if fault is not None:
-                self.faults[fault] += 1
-            answer = self.accept(key, payload) if fault in (None, "accept_timeout") else None
-            return None, fault, answer
-
-    def accept(self, key: str, payload: dict[str, Any]) -> dict[str, Any]:
-        """Record the message and store its replayable answer; caller holds ``lock``."""
-        accepted_at = datetime.now(UTC).isoformat()
-        message_id = "sbx_" + os.urandom(12).hex()
-        self.messages.append(
-            {
-                "id": message_id,
-                "idempotency_key": key,
-                "to": payload["to"],
-                "from": payload["from"],
-                "subject": payload["subject"],
-                "text": payload.get("text") or "",
-                "html": payload.get("html"),
-                "headers": payload.get("headers") or {},
-                "metadata": payload.get("metadata") or {},
-                "tags": payload.get("tags") or [],
-                "accepted_at": accepted_at,
-            }
-        )
-        answer = {"id": message_id, "accepted_at": accepted_at}
-        self.answers[key] = (200, _dumps(answer))
-        self.attempts.pop(key, None)
-        if self.emitter is not None:
-            self.emitter.schedule(self.messages[-1])
-        return answer
-
-    def stats(self) -> dict[str, Any]:
-        with self.lock:
-            return {
-                "requests": self.requests,
-                "batch_requests": self.batch_requests,
-                "send_attempts": self.send_attempts,
-                "accepted": len(self.messages),
-                "repeated_keys": self.repeated_keys,
-                "faults": dict(self.faults),
-                **(self.emitter.stats if self.emitter else {}),
-            }
 
 
 def _validate(payload: Any) -> Response | None:
@@ -352,9 +127,9 @@ def _fault_response(kind: str, retry_after: str) -> Response:
 
 def create_app(config: SandboxConfig) -> Starlette:
     """Build the sandbox provider ASGI app; its state lives on ``app.state.sandbox``."""
-    state = _SandboxState(config)
+    state = SandboxState(config)
     expected_auth = f"Bearer {config.api_key}".encode() if config.api_key is not None else None
-    retry_after = _retry_after_value(config.retry_after_s)
+    retry_after = retry_after_value(config.retry_after_s)
     latency_s = max(0.0, config.latency_ms) / 1000.0
 
     async def admit(request: Request, *, batch: bool) -> Response | None:
@@ -403,7 +178,7 @@ def create_app(config: SandboxConfig) -> Starlette:
         # Re-checks the key: a concurrent request with it may have been accepted while this one
         # was reading its body.
         stored, fault, answer = state.decide(key, payload)
-        body = _dumps(answer) if answer is not None else b""
+        body = dumps(answer) if answer is not None else b""
         if stored is not None:
             return Response(
                 stored[1],
@@ -480,7 +255,7 @@ def create_app(config: SandboxConfig) -> Starlette:
         if not isinstance(raw_rules, list):
             return _error(422, "invalid_request", "body must be {'rules': [...]}")
         try:
-            new_rules = [_parse_rule(raw) for raw in raw_rules]
+            new_rules = [parse_rule(raw) for raw in raw_rules]
         except ValueError as exc:
             return _error(422, "invalid_request", str(exc))
         with state.lock:
