@@ -101,3 +101,15 @@ class UnknownEventVersionError(PermanentError):
 
 class RecipientNotFoundError(PermanentError):
     reason = "recipient_not_found"
+
+
+class InvalidRecipientError(PermanentError):
+    """The address a message would go to is one mail systems refuse (read at send time)."""
+
+    reason = "invalid_recipient"
+
+
+class UnstorableEventError(PermanentError):
+    """The database refused what this event's processing wrote; only this event is failed."""
+
+    reason = "unstorable"

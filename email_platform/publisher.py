@@ -9,7 +9,12 @@ from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from email_platform import validation
-from email_platform.errors import InvalidPayloadError, NotInTransactionError, PublishError
+from email_platform.errors import (
+    InvalidPayloadError,
+    NotInTransactionError,
+    PublishError,
+    UnknownEventVersionError,
+)
 from email_platform.ids import new_ulid
 from email_platform.lanes import Lane
 from email_platform.routes import RouteTable, default_routes
@@ -80,6 +85,8 @@ def publish_many(
     routes = routes or _shipped_routes()
     now = utcnow()
     rows: list[dict[str, Any]] = []
+    if isinstance(events, str | bytes | Mapping) or not isinstance(events, Iterable):
+        raise PublishError("events", "must be a list of mappings of publish() arguments")
     for index, fields in enumerate(events):
         if not isinstance(fields, Mapping):
             raise PublishError(f"events[{index}]", "must be a mapping of publish() arguments")
@@ -89,6 +96,7 @@ def publish_many(
             raise type(error)(f"events[{index}].{error.field}", error.message) from None
         except TypeError as error:  # a missing or unknown argument, as publish() would raise
             raise PublishError(f"events[{index}]", str(error)) from None
+    # Every event is checked before any is written: one statement, all or nothing.
     outbox.insert_events(bound, rows)
     return [row["event_id"] for row in rows]
 
@@ -120,10 +128,11 @@ def _event_row(
     idempotency_key = validation.check_idempotency_key(idempotency_key)
     if event_version is None:
         event_version = routes.current_version(event_type) or 1
-    if not isinstance(event_version, int) or isinstance(event_version, bool) or event_version < 1:
-        raise PublishError("event_version", "must be a positive integer")
+    event_version = validation.check_event_version(event_version)
 
-    _check_routed_fields(routes, event_type, clean_payload)
+    _check_routed_fields(
+        routes, event_type, event_version, clean_payload, idempotency_key or "x" * 26
+    )
 
     available_at = send_after or now
     if expires_at is not None and expires_at <= available_at:
@@ -145,31 +154,47 @@ def _event_row(
     }
 
 
-def _check_routed_fields(routes: RouteTable, event_type: str, payload: dict[str, Any]) -> None:
-    for field in sorted(routes.header_fields_for(event_type)):
+def _check_routed_fields(
+    routes: RouteTable, event_type: str, version: int, payload: dict[str, Any], base_key: str
+) -> None:
+    """What the event's routes will read at send time, checked now on the upcast payload."""
+    try:
+        version, payload = routes.upcast(event_type, version, dict(payload))
+    except UnknownEventVersionError:
+        return  # dead-lettered as unknown_event_version at send time, as documented
+    except Exception as exc:  # an upcaster that cannot read this payload would fail later
+        raise InvalidPayloadError(
+            "payload", f"cannot be upcast to the routed version of {event_type}: {exc}"
+        ) from None
+    event_routes = routes.for_event(event_type, version)
+    for field in sorted({f for r in event_routes for f in r.header_fields}):
         validation.check_no_line_breaks(f"payload.{field}", payload.get(field))
-    for field in sorted(routes.recipient_fields_for(event_type)):
-        if field not in payload:
-            raise InvalidPayloadError(f"payload.{field}", f"is required by {event_type} routes")
-        validation.check_address(f"payload.{field}", payload[field])
-    for route in routes.routes:
+    for route in event_routes:
+        if route.recipient_field:
+            field = route.recipient_field
+            if field not in payload:
+                raise InvalidPayloadError(f"payload.{field}", f"is required by {event_type} routes")
+            validation.check_address(f"payload.{field}", payload[field])
         lookup = route.recipient_lookup_field
-        if route.event_type == event_type and lookup and not payload.get(lookup):
+        if lookup and not payload.get(lookup):
             raise InvalidPayloadError(
                 f"payload.{lookup}", f"is required by route {route.name} to look the recipient up"
             )
-        if route.event_type == event_type and route.dedupe_key:
+        validation.check_message_key("idempotency_key", base_key, route.name)
+        if route.dedupe_key:
             try:
-                route.dedupe_key_for(payload)
+                key = route.dedupe_key_for(payload)
             except KeyError as exc:
                 raise InvalidPayloadError(
                     f"payload.{exc.args[0]}",
                     f"is required by route {route.name} (dedupe key {route.dedupe_key!r})",
                 ) from None
-            except (IndexError, ValueError) as exc:
+            except Exception as exc:  # a format the payload's values cannot fill
                 raise InvalidPayloadError(
                     "payload", f"route {route.name} dedupes on {route.dedupe_key!r}: {exc}"
                 ) from None
+            if key is not None:
+                validation.check_dedupe_key("payload", key)
 
 
 def _bound_connection(connection: Connection | Session) -> Connection:

@@ -14,6 +14,8 @@ from typing import Any
 import jinja2
 
 from email_platform.errors import TemplateRenderError
+from email_platform.headers import unsafe_header_reason
+from email_platform.text import text_problem
 
 PACKAGE_TEMPLATES = Path(__file__).parent / "templates"
 _VERSION_DIR = re.compile(r"^v(\d+)$")
@@ -95,10 +97,17 @@ class TemplateRenderer:
             raise TemplateRenderError(f"{base}: {exc}", code="template_error") from exc
         except (TypeError, ValueError) as exc:
             raise TemplateRenderError(f"{base}: {exc}", code="template_error") from exc
-        if "\r" in subject or "\n" in subject:
+        header_problem = unsafe_header_reason(subject)
+        if header_problem is not None:
             raise TemplateRenderError(
-                f"{base}: rendered subject contains a line break", code="header_injection"
+                f"{base}: rendered subject {header_problem}", code="header_injection"
             )
+        for part, rendered in (("subject", subject), ("text", text), ("html", html)):
+            problem = text_problem(rendered) if rendered is not None else None
+            if problem is not None:
+                raise TemplateRenderError(
+                    f"{base}: rendered {part} {problem}", code="unencodable_text"
+                )
         return RenderedEmail(
             subject=subject, text=text, html=html, template=template, template_version=version
         )

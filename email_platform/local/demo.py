@@ -363,7 +363,9 @@ def _print_funnel(database_url: str, dagster_home: Path, event_ids: list[str]) -
         click.echo("analytics materialization failed; see the run in the Dagster UI", err=True)
         return
     click.echo(funnel_report(warehouse_path, event_ids=event_ids).to_text())
-    click.echo(f"Query it yourself: {_command('duckdb')} -readonly {warehouse_path} (see analytics/)")
+    click.echo(
+        f"Query it yourself: {_command('duckdb')} -readonly {warehouse_path} (see analytics/)"
+    )
 
 
 def _print_report(report: dict, elapsed: float, dagster_home: Path) -> None:

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from email_platform.errors import DeliveryError
+from email_platform.errors import DeliveryError, PermanentError
+from email_platform.headers import unsafe_header_reason
 
 
 @dataclass(frozen=True)
@@ -80,3 +81,17 @@ class RateLimiter:
         delay = slot - now
         if delay > 0:
             time.sleep(delay)
+
+
+def header_problem(email: OutgoingEmail) -> PermanentError | None:
+    """Why ``email`` may not be sent as it is: a header value (or name) with a line break,
+    raw or RFC 2047 encoded. Every adapter checks this before it builds a request, whatever
+    was checked upstream, so no adapter's wire output can carry an injected header."""
+    fields = [("sender", email.sender), ("to", email.to), ("subject", email.subject)]
+    fields += [(f"header {name!r}", name) for name in email.headers]
+    fields += [(f"header {name!r}", value) for name, value in email.headers.items()]
+    for field_name, value in fields:
+        reason = unsafe_header_reason(value)
+        if reason is not None:
+            return PermanentError(f"{field_name} {reason}", code="header_injection")
+    return None

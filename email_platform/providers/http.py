@@ -12,7 +12,7 @@ import httpx
 
 from email_platform.classify import classify_exception, classify_response
 from email_platform.errors import DeliveryError, TransientError
-from email_platform.providers.base import Accepted, OutgoingEmail, RateLimiter
+from email_platform.providers.base import Accepted, OutgoingEmail, RateLimiter, header_problem
 
 
 @dataclass
@@ -120,6 +120,9 @@ class HttpProvider:
     # ---- the shared call --------------------------------------------------------------------
 
     def send(self, email: OutgoingEmail) -> Accepted:
+        problem = header_problem(email)
+        if problem is not None:
+            raise problem
         request = self.build_request(email)
         self.limiter.acquire()
         response = self._call(request)
@@ -134,6 +137,14 @@ class HttpProvider:
         """Send ``emails`` in one call (see ``base.BatchingProvider``)."""
         if len(emails) > self.batch_max:
             raise ValueError(f"{len(emails)} emails; {self.name} takes {self.batch_max} a call")
+        problems = [header_problem(email) for email in emails]
+        if any(problems):
+            # Refused ones get their own answer; the rest still go out in one call.
+            sendable = [
+                email for email, problem in zip(emails, problems, strict=True) if not problem
+            ]
+            sent = iter(self.send_many(sendable) if sendable else [])
+            return [problem or next(sent) for problem in problems]
         request = self.build_batch_request(emails)
         self.limiter.acquire(len(emails))
         try:

@@ -57,7 +57,7 @@ from email_platform.errors import (
     ProviderRejectedError,
     TransientError,
 )
-from email_platform.providers.base import Accepted, OutgoingEmail
+from email_platform.providers.base import Accepted, OutgoingEmail, header_problem
 from email_platform.providers.http import HttpProvider, ProviderRequest
 from email_platform.tags import tag_value
 
@@ -344,9 +344,9 @@ def _credentials(settings: ProviderSettings) -> Credentials:
 
 
 def _refuse_line_breaks(email: OutgoingEmail) -> None:
-    for field, value in (("sender", email.sender), ("to", email.to), ("subject", email.subject)):
-        if "\r" in value or "\n" in value:
-            raise PermanentError(f"{field} contains CR or LF", code="header_injection")
+    problem = header_problem(email)
+    if problem is not None:
+        raise problem
 
 
 def _headers(email: OutgoingEmail) -> list[dict[str, str]]:

@@ -62,7 +62,7 @@ from email_platform.errors import (
     ProviderRejectedError,
     TransientError,
 )
-from email_platform.providers.base import Accepted, OutgoingEmail, RateLimiter
+from email_platform.providers.base import Accepted, OutgoingEmail, RateLimiter, header_problem
 
 #: Headers the adapter writes itself; a route may not override them.
 RESERVED_HEADERS = frozenset(
@@ -175,12 +175,9 @@ class SmtpProvider:
 
     def build_message(self, email: OutgoingEmail) -> tuple[EmailMessage, str]:
         """The message and its envelope sender; refuses header injection before anything."""
-        _refuse_line_breaks("subject", email.subject)
-        _refuse_line_breaks("sender", email.sender)
-        _refuse_line_breaks("to", email.to)
-        for name, value in email.headers.items():
-            _refuse_line_breaks(f"header {name!r}", name)
-            _refuse_line_breaks(f"header {name!r}", value)
+        problem = header_problem(email)
+        if problem is not None:
+            raise problem
         display_name, sender_address = parseaddr(email.sender)
         if "@" not in sender_address:
             raise PermanentError(f"sender {email.sender!r} has no address", code="invalid_sender")
@@ -416,13 +413,6 @@ def message_id_for(idempotency_key: str, domain: str) -> str:
     if len(left) > 200:  # keep the header well inside the 998-character line limit
         left = f"{left[:136]}.{sha256(idempotency_key.encode()).hexdigest()}"
     return f"<{left or '='}@{domain.lower()}>"
-
-
-def _refuse_line_breaks(field: str, value: str) -> None:
-    if "\r" in value or "\n" in value:
-        raise PermanentError(
-            f"{field} contains CR or LF, which would inject mail headers", code="header_injection"
-        )
 
 
 def _flag(name: str, value: Any, *, default: bool) -> bool:

@@ -9,13 +9,15 @@ The steps live beside it: ``prepare`` (route, dedupe, expiry, recipient, suppres
 messages, dead letters, settling events). This class owns the transactions that join them.
 """
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, Row
 
+from email_platform.errors import UnstorableEventError
 from email_platform.lanes import LaneConfig
 from email_platform.providers.base import EmailProvider
 from email_platform.recipients import RecipientResolver, SqlDirectoryResolver
@@ -24,7 +26,8 @@ from email_platform.routes import RouteTable, default_routes
 from email_platform.sending.dispatch import Dispatcher
 from email_platform.sending.prepare import Preparer
 from email_platform.sending.record import Recorder
-from email_platform.sending.types import BatchOutcome, ClaimedBatch
+from email_platform.sending.refusals import first_line, refused_by_database, restore_outcome
+from email_platform.sending.types import BatchOutcome, ClaimedBatch, Work
 from email_platform.store import dead_letters, messages, outbox
 from email_platform.timeutil import utcnow
 
@@ -118,8 +121,50 @@ class BatchSender:
         outcome.claimed = [event.event_id for event in claimed]
         if not claimed:
             return ClaimedBatch(outcome, claimed, [])
-        work = self.preparer.prepare(claimed, run_id, outcome, replay)
+        work = self._prepare_narrowing(list(claimed), run_id, outcome, replay)
         return ClaimedBatch(outcome, claimed, work)
+
+    def _prepare_narrowing(
+        self, claimed: list[Row], run_id: str, outcome: BatchOutcome, replay: bool
+    ) -> list[Work]:
+        """Prepare ``claimed``; if the database refuses the batch, find the event that causes it.
+
+        A refused statement (a value too long for a column, text the driver cannot encode)
+        rolls back the whole preparing transaction. Rather than fail the batch run after run
+        until ``claim_limit`` takes the good events too, the batch is split in halves and each
+        prepared on its own; the one event that still fails alone is dead-lettered with the
+        database's reason, and every other event goes on. A database that is down is not
+        narrowed: that error fails the attempt, as before.
+        """
+        before = dataclasses.replace(outcome, claimed=list(outcome.claimed))
+        try:
+            return self.preparer.prepare(claimed, run_id, outcome, replay)
+        except Exception as exc:
+            if not refused_by_database(exc):
+                raise
+            restore_outcome(outcome, before)  # the rolled-back transaction's counts do not count
+            if len(claimed) == 1:
+                self._dead_letter_refused(claimed[0], exc, run_id, outcome)
+                return []
+            self.log.warning(
+                f"the database refused a batch of {len(claimed)} event(s) "
+                f"({type(exc).__name__}); preparing it in halves to find the cause"
+            )
+            middle = len(claimed) // 2
+            return self._prepare_narrowing(
+                claimed[:middle], run_id, outcome, replay
+            ) + self._prepare_narrowing(claimed[middle:], run_id, outcome, replay)
+
+    def _dead_letter_refused(
+        self, event: Row, exc: Exception, run_id: str, outcome: BatchOutcome
+    ) -> None:
+        error = UnstorableEventError(
+            f"the database refused this event's messages: {first_line(exc)}",
+            code="database_refused",
+        )
+        with self.engine.begin() as connection:
+            self.recorder.dead_letter_event(connection, event, error, run_id, utcnow())
+        outcome.dead += 1
 
     def deliver(self, batch: ClaimedBatch, *, run_id: str) -> BatchOutcome:
         """Send a claimed batch's messages, record every outcome, settle its events."""

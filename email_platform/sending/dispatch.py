@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from concurrent import futures
 from queue import Empty, SimpleQueue
 
-from email_platform.classify import classify_exception
+from email_platform.classify import classify_exception, is_transient
 from email_platform.errors import ConfigurationError, TransientError
 from email_platform.providers.base import BatchingProvider, EmailProvider, OutgoingEmail
 from email_platform.sending.types import Result, Sent, Work
@@ -193,14 +193,23 @@ def attempt(provider: EmailProvider, email: OutgoingEmail) -> Result:
 
 
 def attempt_many(provider: EmailProvider, emails: list[OutgoingEmail]) -> Sequence[Result]:
-    """Several messages in one call: one answer each, or the call's failure for each."""
+    """Several messages in one call: one answer each, or the call's failure for each.
+
+    A call that fails transiently (the network, a timeout) is each message's transient
+    failure, retried under its own key. One that raises for any other reason may have been
+    caused by a single message (text the adapter cannot encode, a value it chokes on), so the
+    messages are then sent one per call: only the one that fails alone is failed.
+    """
     assert isinstance(provider, BatchingProvider)
     try:
         results = provider.send_many(emails)
     except ConfigurationError as error:
         return [error] * len(emails)
-    except Exception as exc:  # as in ``attempt``: the call's failure is each message's
-        return [classify_exception(exc)] * len(emails)
+    except Exception as exc:  # as in ``attempt``, but never one message's fault for all
+        error = classify_exception(exc)
+        if is_transient(error) or len(emails) == 1:
+            return [error] * len(emails)
+        return [one for email in emails for one in attempt_many(provider, [email])]
     if len(results) != len(emails):
         error = TransientError(
             f"{len(results)} answers to {len(emails)} messages", code="unreadable_response"

@@ -11,8 +11,11 @@ from typing import Any
 
 from sqlalchemy import Engine, Row
 
+from email_platform.db.schema import email_messages
 from email_platform.errors import (
+    InvalidRecipientError,
     PermanentError,
+    PublishError,
     RecipientNotFoundError,
     TemplateRenderError,
     UnknownEventVersionError,
@@ -25,9 +28,13 @@ from email_platform.routes import Route, RouteTable
 from email_platform.sending.record import Recorder
 from email_platform.sending.types import MAX_CLAIMS, BatchOutcome, Work
 from email_platform.store import dead_letters, messages, outbox, suppressions
+from email_platform.text import text_problem
 from email_platform.timeutil import as_utc, utcnow
+from email_platform.validation import check_address
 
 _HARD_SUPPRESSIONS = {suppressions.HARD_BOUNCE, suppressions.COMPLAINT, suppressions.MANUAL}
+#: Message columns filled from what a producer sent (the rest come from routes and code).
+_CHECKED_COLUMNS = ("idempotency_key", "dedupe_key", "recipient", "recipient_domain")
 
 
 class Preparer:
@@ -80,6 +87,15 @@ class Preparer:
                     )
                 except UnknownEventVersionError as error:
                     self.recorder.dead_letter_event(connection, event, error, run_id, now)
+                    outcome.dead += 1
+                    continue
+                except Exception as exc:  # an upcaster that cannot read this payload
+                    failure = PermanentError(
+                        f"upcasting {event.event_type} v{event.event_version} failed: "
+                        f"{type(exc).__name__}: {exc}",
+                        code="upcast_failed",
+                    )
+                    self.recorder.dead_letter_event(connection, event, failure, run_id, now)
                     outcome.dead += 1
                     continue
                 event_routes = self.routes.for_event(event.event_type, version)
@@ -158,7 +174,14 @@ class Preparer:
                     rendered = self.renderer.render(
                         route.template, message.template_version, payload
                     )
-                except TemplateRenderError as error:
+                except Exception as exc:  # a template error, or whatever a filter raised
+                    error = (
+                        exc
+                        if isinstance(exc, TemplateRenderError)
+                        else TemplateRenderError(
+                            f"{route.template}: {type(exc).__name__}: {exc}", code="template_error"
+                        )
+                    )
                     self.recorder.dead_letter(
                         connection,
                         message,
@@ -202,13 +225,19 @@ class Preparer:
                 version, payload = self.routes.upcast(
                     event.event_type, event.event_version, dict(event.payload)
                 )
-            except UnknownEventVersionError:
+            except Exception:  # the event is dead-lettered with the reason when prepared
                 continue
             for route in self.routes.for_event(event.event_type, version):
                 key = payload.get(route.recipient_lookup_field or "")
                 if route.recipient_lookup_field and key is not None:
                     keys.add(str(key))
-        return {key: self.resolver.lookup(key) for key in sorted(keys)}
+        return {key: self._look_up(key) for key in sorted(keys)}
+
+    def _look_up(self, key: str) -> str | None:
+        """One directory lookup; a key the directory cannot take finds no one."""
+        if text_problem(key) is not None:
+            return None
+        return self.resolver.lookup(key)
 
     def _create_messages(
         self,
@@ -256,27 +285,39 @@ class Preparer:
             "template": route.template,
             "lane": event.lane,
             "idempotency_key": f"{base_key}:{route.name}",
-            "dedupe_key": route.dedupe_key_for(payload),
+            "dedupe_key": None,
             "status": messages.PENDING,
             "expires_at": min(known) if known else None,
             "created_at": now,
             "updated_at": now,
             "provider": self.provider_name,
+            "recipient": None,
+            "recipient_domain": None,
         }
-        failure: PermanentError | None = None
+        failures: list[PermanentError] = []
+        try:
+            values["dedupe_key"] = route.dedupe_key_for(payload)
+        except Exception as exc:  # a payload the route's dedupe key cannot be made from
+            failures.append(
+                PermanentError(
+                    f"dedupe key {route.dedupe_key!r}: {type(exc).__name__}: {exc}",
+                    code="dedupe_key_error",
+                )
+            )
         try:
             values["template_version"] = route.template_version or self.renderer.latest_version(
                 route.template
             )
         except TemplateRenderError as error:
             values["template_version"] = route.template_version or 0
-            failure = error
+            failures.append(error)
         try:
             values["recipient"] = self._recipient(route, payload, lookups)
             values["recipient_domain"] = values["recipient"].rsplit("@", 1)[-1].lower()
-        except RecipientNotFoundError as error:
-            failure = failure or error
-        return values, failure
+        except (RecipientNotFoundError, InvalidRecipientError) as error:
+            failures.append(error)
+        failures.extend(_unstorable(values))
+        return values, failures[0] if failures else None
 
     def _recipient(
         self, route: Route, payload: dict[str, Any], lookups: dict[str, str | None]
@@ -289,10 +330,42 @@ class Preparer:
                     f"no recipient for {route.recipient_lookup_field}={key!r}",
                     code="recipient_not_found",
                 )
-            return address
+            return _checked_address(address)
         address = payload.get(route.recipient_field or "")
         if not address:
             raise RecipientNotFoundError(
                 f"payload has no {route.recipient_field!r}", code="recipient_missing"
             )
-        return str(address)
+        return _checked_address(str(address))
+
+
+def _checked_address(address: str) -> str:
+    """A recipient as ``publish()`` would have checked it (a looked-up one is checked here
+    first, and one published before the checks grew stricter is checked again)."""
+    try:
+        return check_address("recipient", address)
+    except PublishError as error:
+        raise InvalidRecipientError(error.message, code="invalid_recipient") from None
+
+
+def _unstorable(values: dict[str, Any]) -> list[PermanentError]:
+    """Values the messages table cannot hold; each is cleared so the row can record why."""
+    failures: list[PermanentError] = []
+    for name in _CHECKED_COLUMNS:
+        value = values.get(name)
+        if value is None:
+            continue
+        limit = email_messages.c[name].type.length
+        problem = text_problem(value) or (
+            f"is {len(value)} characters; the column holds {limit}"
+            if limit is not None and len(value) > limit
+            else None
+        )
+        if problem is None:
+            continue
+        failures.append(PermanentError(f"{name} {problem}", code="value_too_long"))
+        if name == "idempotency_key":
+            values[name] = f"{values['event_id']}:{values['route']}"[:limit]
+        else:
+            values[name] = None
+    return failures

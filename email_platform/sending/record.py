@@ -5,6 +5,7 @@ that was already in hand. An event is settled (``done`` or ``dead``) once all it
 terminal; one with a message still pending stays in flight under this run's lease.
 """
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -13,12 +14,23 @@ from typing import Any
 from sqlalchemy import Engine, Row
 
 from email_platform.classify import is_transient
+from email_platform.db.schema import email_messages
 from email_platform.errors import ConfigurationError, DeliveryError, PermanentError, TransientError
 from email_platform.lanes import LaneConfig
 from email_platform.providers.base import Accepted
+from email_platform.sending.refusals import first_line, refused_by_database, restore_outcome
 from email_platform.sending.types import BatchOutcome, Sent, Work
 from email_platform.store import attempts, dead_letters, messages, outbox
+from email_platform.text import storable_text
 from email_platform.timeutil import utcnow
+
+#: The provider's message id as the messages and attempts tables hold it.
+_PROVIDER_ID_LENGTH = email_messages.c.provider_message_id.type.length
+
+
+def _provider_id(value: str | None) -> str | None:
+    """A provider's message id as stored: an odd one (NUL, over-long) is cleaned, not refused."""
+    return storable_text(value, _PROVIDER_ID_LENGTH)
 
 
 class Recorder:
@@ -39,6 +51,61 @@ class Recorder:
     # ---- provider answers ---------------------------------------------------------------------
 
     def record_group(
+        self, group: list[Sent], run_id: str, outcome: BatchOutcome
+    ) -> ConfigurationError | None:
+        """One transaction per group; if the database refuses it, one per answer.
+
+        A refused group (a value in one answer the database will not store) must not lose the
+        other answers of the group, nor be retried whole forever: each answer is then recorded
+        on its own, and one the database still refuses becomes its message's dead letter.
+        """
+        before = dataclasses.replace(outcome, transient=list(outcome.transient))
+        try:
+            return self._record_together(group, run_id, outcome)
+        except Exception as exc:
+            if not refused_by_database(exc):
+                raise
+            restore_outcome(outcome, before)
+        self.log.warning(f"the database refused a group of {len(group)} outcomes; one by one")
+        configuration_error: ConfigurationError | None = None
+        for sent in group:
+            before = dataclasses.replace(outcome, transient=list(outcome.transient))
+            try:
+                configuration_error = (
+                    self._record_together([sent], run_id, outcome) or configuration_error
+                )
+            except Exception as exc:
+                if not refused_by_database(exc):
+                    raise
+                restore_outcome(outcome, before)
+                self._dead_letter_unrecordable(sent, exc, run_id, outcome)
+        return configuration_error
+
+    def _dead_letter_unrecordable(
+        self, sent: Sent, exc: Exception, run_id: str, outcome: BatchOutcome
+    ) -> None:
+        accepted = isinstance(sent.result, Accepted)
+        why = (
+            "accepted by the provider, but its answer could not be stored"
+            if accepted
+            else "its provider answer could not be stored"
+        )
+        with self.engine.begin() as connection:
+            message = messages.get(connection, sent.item.message.message_id)
+            if message is None or message.status != messages.PENDING:
+                return
+            self.dead_letter(
+                connection,
+                message,
+                "unstorable",
+                f"{why}: {first_line(exc)}",
+                code="database_refused",
+                run_id=run_id,
+                now=utcnow(),
+            )
+        outcome.dead += 1
+
+    def _record_together(
         self, group: list[Sent], run_id: str, outcome: BatchOutcome
     ) -> ConfigurationError | None:
         """One transaction per group, the accepted sends with one statement per table."""
@@ -88,7 +155,7 @@ class Recorder:
                     "finished_at": now,
                     "outcome": "accepted",
                     "http_status": result.status_code,
-                    "provider_message_id": result.provider_message_id,
+                    "provider_message_id": _provider_id(result.provider_message_id),
                     "error": None,
                     "retry_after_s": None,
                 }
@@ -97,7 +164,10 @@ class Recorder:
         )
         messages.record_accepted_many(
             connection,
-            [(item.message.message_id, result.provider_message_id) for item, result, _ in accepted],
+            [
+                (item.message.message_id, _provider_id(result.provider_message_id))
+                for item, result, _ in accepted
+            ],
             now,
             self.provider_name,
         )
@@ -131,6 +201,7 @@ class Recorder:
             "finished_at": now,
         }
         transient = is_transient(result)
+        error_text = storable_text(str(result)) or ""
         attempts.add(
             connection,
             [
@@ -138,7 +209,7 @@ class Recorder:
                     **attempt,
                     "outcome": "transient" if transient else "permanent",
                     "http_status": result.status_code,
-                    "error": str(result),
+                    "error": error_text,
                     "retry_after_s": result.retry_after_s
                     if isinstance(result, TransientError)
                     else None,
@@ -152,7 +223,7 @@ class Recorder:
             accepted=False,
             provider=self.provider_name,
             provider_message_id=None,
-            error=str(result),
+            error=error_text,
         )
         if transient:
             outcome.transient.append(message.message_id)
@@ -168,8 +239,8 @@ class Recorder:
             connection,
             refreshed,
             result.reason,
-            str(result),
-            code=result.code,
+            error_text,
+            code=storable_text(result.code, 100),
             run_id=run_id,
             now=now,
         )
