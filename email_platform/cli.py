@@ -273,6 +273,7 @@ def webhooks_serve(host: str, port: int, url: str | None) -> None:
     import uvicorn
 
     from email_platform.webhooks.receiver import create_receiver_app
+    from email_platform.webhooks.serving import uvicorn_options
 
     app = create_receiver_app(
         _engine(url),
@@ -280,7 +281,7 @@ def webhooks_serve(host: str, port: int, url: str | None) -> None:
         max_body_bytes=config.webhook_max_body_bytes(),
     )
     click.echo(f"webhook receiver on http://{host}:{port}/webhooks/{{provider}}", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
+    uvicorn.run(app, host=host, port=port, log_level="info", access_log=False, **uvicorn_options())
 
 
 @webhooks.command("reprocess")

@@ -36,6 +36,7 @@ from email_platform.store import outbox, suppressions
 from email_platform.store.bulk import rows_for_events
 from email_platform.timeutil import as_utc, utcnow
 from email_platform.webhooks.receiver import create_receiver_app
+from email_platform.webhooks.serving import uvicorn_options
 
 # The product's own business table: publish() writes next to it, in the same transaction.
 _product = MetaData()
@@ -274,7 +275,8 @@ def run_demo(
     tag = utcnow().strftime("d%H%M%S")
     secret = "whsec_" + base64.b64encode(os.urandom(24)).decode()
     receiver = BackgroundServer(
-        create_receiver_app(engine, settings={"sandbox_webhook_secret": secret})
+        create_receiver_app(engine, settings={"sandbox_webhook_secret": secret}),
+        **uvicorn_options(),
     )
     receiver_url = receiver.start()
     click.echo(f"webhook receiver on {receiver_url}/webhooks/sandbox")

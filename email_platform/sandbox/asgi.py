@@ -3,6 +3,7 @@
 import socket
 import threading
 import time
+from typing import Any
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -26,13 +27,14 @@ def url_for(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def uvicorn_config(app: ASGIApp, shutdown_timeout: float | None) -> uvicorn.Config:
+def uvicorn_config(app: ASGIApp, shutdown_timeout: float | None, **options: Any) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         log_level="warning",
         access_log=False,
         lifespan="off",
         timeout_graceful_shutdown=shutdown_timeout,
+        **options,
     )
 
 
@@ -46,12 +48,15 @@ class BackgroundServer:
         port: int = 0,
         *,
         shutdown_timeout: float = 2.0,
+        **options: Any,
     ) -> None:
         self.host = host
         self.port = port
         # Bounded so stop() cannot hang on a request stalled by a long timeout fault.
         self.shutdown_timeout = shutdown_timeout
         self.app = app
+        #: Extra ``uvicorn.Config`` settings (the receiver's limits: ``serving.uvicorn_options``).
+        self.options = options
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._sock: socket.socket | None = None
@@ -69,7 +74,7 @@ class BackgroundServer:
             raise RuntimeError("server already started")
         sock = bind(self.host, self.port)
         port = sock.getsockname()[1]
-        server = uvicorn.Server(uvicorn_config(self.app, self.shutdown_timeout))
+        server = uvicorn.Server(uvicorn_config(self.app, self.shutdown_timeout, **self.options))
         thread = threading.Thread(
             target=server.run,
             kwargs={"sockets": [sock]},

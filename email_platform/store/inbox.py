@@ -1,5 +1,6 @@
 """Reads and writes of ``webhook_inbox``: raw bodies in, claimed batches out."""
 
+import hashlib
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -8,6 +9,7 @@ from sqlalchemy import Connection, Row, and_, delete, func, insert, or_, select,
 from sqlalchemy.exc import IntegrityError
 
 from email_platform.db.schema import webhook_inbox as inbox
+from email_platform.text import text_problem
 
 PENDING, IN_FLIGHT, PROCESSED, MALFORMED, FAILED = (
     "pending",
@@ -30,6 +32,7 @@ def store(
     error: str | None = None,
 ) -> int | None:
     """Insert a received body; None if this provider delivery id is already stored."""
+    delivery_id = _storable_delivery_id(delivery_id)
     values: dict[str, Any] = {
         "provider": provider,
         "delivery_id": delivery_id,
@@ -48,6 +51,18 @@ def store(
         if delivery_id is None:
             raise
         return None
+
+
+def _storable_delivery_id(delivery_id: str | None) -> str | None:
+    """A delivery id the column holds: an over-long or unstorable one becomes its SHA-256, so
+    a repeat of the same delivery still finds it."""
+    if delivery_id is None:
+        return None
+    limit = inbox.c.delivery_id.type.length
+    if len(delivery_id) <= limit and text_problem(delivery_id) is None:
+        return delivery_id
+    raw = delivery_id.encode("utf-8", "surrogatepass")
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
 
 
 def find_requestable(

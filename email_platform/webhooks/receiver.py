@@ -4,6 +4,12 @@ Order matters: verify the signature (401, nothing stored), read at most the size
 store the raw body durably, and only then answer 2xx. A body that verifies but cannot be read
 is stored as ``malformed`` for inspection and answered 400. A database that cannot take the
 write answers 503, so the provider keeps the event and retries.
+
+Nothing the sender controls gets a 5xx: a signature check that fails in any way (an absurd
+timestamp, a header it cannot parse) is a 401; a body the normalizer cannot read in any way is
+``malformed``; text the database cannot store (NUL) is stored with a replacement character
+and marked ``malformed``; an over-long delivery id is kept as its SHA-256. Header count and
+size and the time to read a request are bounded (``serving.py``).
 """
 
 import logging
@@ -18,11 +24,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from email_platform.db.errors import refused_by_database
 from email_platform.errors import ConfigurationError
 from email_platform.store import inbox
+from email_platform.text import storable_text, text_problem
 from email_platform.timeutil import utcnow
 from email_platform.webhooks import registry
 from email_platform.webhooks.errors import WebhookMalformed, WebhookRejected, WebhookUnavailable
+from email_platform.webhooks.serving import RequestLimits
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +71,10 @@ async def _read_limited(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def _what(exc: Exception) -> str:
+    return storable_text(f"unreadable body: {type(exc).__name__}: {exc}", 500) or ""
+
+
 def create_receiver_app(
     engine: Engine,
     *,
@@ -69,7 +82,7 @@ def create_receiver_app(
     max_body_bytes: int = 1024 * 1024,
     providers: Mapping[str, registry.WebhookProvider] | None = None,
     clock: Callable[[], datetime] = utcnow,
-) -> Starlette:
+) -> RequestLimits:
     """``settings`` holds the webhook secrets (``config.webhook_settings()``)."""
     known = dict(providers or registry.available())
     verifiers: dict[str, registry.Verifier] = {}
@@ -100,15 +113,25 @@ def create_receiver_app(
             return JSONResponse({"error": "verification unavailable, retry later"}, status_code=503)
         except WebhookRejected as exc:
             return JSONResponse({"error": exc.reason}, status_code=401)
+        except Exception as exc:  # a check that cannot even run on this input is a failed check
+            log.warning(
+                "webhook from %s failed verification: %s: %s", name, type(exc).__name__, exc
+            )
+            return JSONResponse({"error": "signature could not be verified"}, status_code=401)
 
         status, error = inbox.PENDING, None
         try:
             text = body.decode("utf-8")
             known[name].normalize(body)
-        except (UnicodeDecodeError, WebhookMalformed) as exc:
+        except Exception as exc:  # undecodable, or a shape the normalizer cannot read
             text = body.decode("utf-8", errors="replace")
-            status, error = inbox.MALFORMED, str(exc) or type(exc).__name__
-        kept = {k: v for k, v in headers.items() if k in _KEPT_HEADERS}
+            status = inbox.MALFORMED
+            error = str(exc) if isinstance(exc, WebhookMalformed) and str(exc) else _what(exc)
+        problem = text_problem(text)
+        if problem is not None:
+            text = storable_text(text) or ""
+            status, error = inbox.MALFORMED, f"body {problem}"
+        kept = {k: storable_text(v, 2000) for k, v in headers.items() if k in _KEPT_HEADERS}
 
         def store() -> int | None:
             with engine.begin() as connection:
@@ -125,7 +148,12 @@ def create_receiver_app(
 
         try:
             inbox_id = await run_in_threadpool(store)
-        except SQLAlchemyError as exc:
+        except Exception as exc:
+            if refused_by_database(exc):  # what this sender sent; retrying changes nothing
+                log.warning("webhook from %s refused by the database: %s", name, exc)
+                return JSONResponse({"error": "body cannot be stored"}, status_code=400)
+            if not isinstance(exc, SQLAlchemyError):
+                raise
             log.error("webhook inbox unavailable: %s", exc)
             return JSONResponse({"error": "storage unavailable, retry later"}, status_code=503)
         if status == inbox.MALFORMED:
@@ -137,9 +165,10 @@ def create_receiver_app(
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({"ok": True, "providers": sorted(known)})
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/webhooks/{provider}", receive, methods=["POST"]),
             Route("/health", health, methods=["GET"]),
         ]
     )
+    return RequestLimits(app)

@@ -1,0 +1,131 @@
+"""Serving the receiver to the internet: bounded headers, bounded read time.
+
+Anyone can connect to a webhook URL, so a request is bounded before it reaches the app:
+
+* at most ``MAX_HEADER_BYTES`` of request line and headers (h11's receive buffer; beyond it
+  the server answers 400) and at most ``MAX_HEADERS`` headers (431);
+* a client must finish its request line and headers within ``HEADER_TIMEOUT_S`` of connecting
+  (or of its previous response), and may pause at most ``BODY_TIMEOUT_S`` between body chunks
+  (408): a client that sends half a request and stops is disconnected, not waited for.
+
+``uvicorn_options()`` gives ``uvicorn.Config`` these settings; ``RequestLimits`` is the ASGI
+middleware ``create_receiver_app`` wraps its app in, so the header count and read time hold
+under any ASGI server.
+"""
+
+import asyncio
+from typing import Any
+
+import h11
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+MAX_HEADER_BYTES = 16 * 1024
+MAX_HEADERS = 100
+HEADER_TIMEOUT_S = 10.0
+BODY_TIMEOUT_S = 10.0
+
+
+class BoundedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol, with a deadline for a request's line and headers.
+
+    uvicorn times out idle keep-alive connections, not a request that stops half way through
+    its headers (slowloris); this closes such a connection after ``HEADER_TIMEOUT_S``.
+    """
+
+    header_timeout_s = HEADER_TIMEOUT_S
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._header_deadline: asyncio.TimerHandle | None = None
+        self._arm_header_deadline()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is h11.IDLE:
+            self._arm_header_deadline()  # waiting for (the rest of) a request's headers
+        else:
+            self._disarm_header_deadline()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm_header_deadline()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_header_deadline()
+        super().connection_lost(exc)
+
+    def _arm_header_deadline(self) -> None:
+        if getattr(self, "_header_deadline", None) is None:
+            self._header_deadline = self.loop.call_later(
+                self.header_timeout_s, self._headers_too_slow
+            )
+
+    def _disarm_header_deadline(self) -> None:
+        deadline = getattr(self, "_header_deadline", None)
+        if deadline is not None:
+            deadline.cancel()
+            self._header_deadline = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_deadline = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
+
+
+class RequestLimits:
+    """ASGI middleware: refuse too many headers (431), time out a stalled body (408)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_headers: int = MAX_HEADERS,
+        body_timeout_s: float = BODY_TIMEOUT_S,
+    ) -> None:
+        self.app = app
+        self.max_headers = max_headers
+        self.body_timeout_s = body_timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if len(scope.get("headers", ())) > self.max_headers:
+            await _answer(send, 431, b'{"error": "too many headers"}')
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        async def bounded_receive() -> Message:
+            return await asyncio.wait_for(receive(), self.body_timeout_s)
+
+        try:
+            await self.app(scope, bounded_receive, tracking_send)
+        except TimeoutError:
+            if not started:
+                await _answer(send, 408, b'{"error": "request body too slow"}')
+
+
+async def _answer(send: Send, status: int, body: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"connection", b"close")],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def uvicorn_options() -> dict[str, Any]:
+    """``uvicorn.Config`` keyword arguments that bound what one client can make it hold."""
+    return {
+        "http": BoundedH11Protocol,
+        "h11_max_incomplete_event_size": MAX_HEADER_BYTES,
+        "timeout_keep_alive": 5,
+    }
