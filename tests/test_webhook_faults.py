@@ -1,5 +1,6 @@
-"""Webhook durability under faults (docs/design.md invariants 2 and 7): the receiver killed while the
-provider is posting, and an ingestion worker killed mid-batch. Nothing lost, nothing doubled.
+"""Webhook durability under faults (docs/design.md invariants 2 and 7): the receiver killed
+while the provider is posting, and an ingestion worker killed mid-batch. Nothing lost, nothing
+doubled.
 """
 
 import multiprocessing

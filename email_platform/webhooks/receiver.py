@@ -20,7 +20,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
@@ -100,6 +100,8 @@ def create_receiver_app(
             body = await _read_limited(request, max_body_bytes)
         except _TooLarge:
             return JSONResponse({"error": "body too large"}, status_code=413)
+        except ClientDisconnect:  # gone, or too slow (serving.RequestLimits): nothing stored
+            return JSONResponse({"error": "request body too slow"}, status_code=408)
         headers = {k.lower(): v for k, v in request.headers.items()}
         try:
             # In a worker thread: a verifier may fetch a certificate (SNS) on first use.

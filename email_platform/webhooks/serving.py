@@ -2,8 +2,8 @@
 
 Anyone can connect to a webhook URL, so a request is bounded before it reaches the app:
 
-* at most ``MAX_HEADER_BYTES`` of request line and headers (h11's receive buffer; beyond it
-  the server answers 400) and at most ``MAX_HEADERS`` headers (431);
+* at most ``MAX_HEADER_BYTES`` of headers (431; h11's receive buffer refuses a larger block
+  that arrives in pieces with a 400) and at most ``MAX_HEADERS`` headers (431);
 * a client must finish its request line and headers within ``HEADER_TIMEOUT_S`` of connecting
   (or of its previous response), and may pause at most ``BODY_TIMEOUT_S`` between body chunks
   (408): a client that sends half a request and stops is disconnected, not waited for.
@@ -74,27 +74,36 @@ class BoundedH11Protocol(H11Protocol):
 
 
 class RequestLimits:
-    """ASGI middleware: refuse too many headers (431), time out a stalled body (408)."""
+    """ASGI middleware: too many or too large headers get a 431, a stalled body a 408."""
 
     def __init__(
         self,
         app: ASGIApp,
         *,
         max_headers: int = MAX_HEADERS,
+        max_header_bytes: int = MAX_HEADER_BYTES,
         body_timeout_s: float = BODY_TIMEOUT_S,
     ) -> None:
         self.app = app
         self.max_headers = max_headers
+        self.max_header_bytes = max_header_bytes
         self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if len(scope.get("headers", ())) > self.max_headers:
+        headers = scope.get("headers", ())
+        if len(headers) > self.max_headers:
             await _answer(send, 431, b'{"error": "too many headers"}')
             return
+        # h11 bounds only a header block that arrives in pieces; one that arrives whole is
+        # counted here.
+        if sum(len(name) + len(value) for name, value in headers) > self.max_header_bytes:
+            await _answer(send, 431, b'{"error": "headers too large"}')
+            return
         started = False
+        stalled = False
 
         async def tracking_send(message: Message) -> None:
             nonlocal started
@@ -102,13 +111,17 @@ class RequestLimits:
             await send(message)
 
         async def bounded_receive() -> Message:
-            return await asyncio.wait_for(receive(), self.body_timeout_s)
+            # A stalled body reads as the client gone: the app stops waiting for it.
+            nonlocal stalled
+            try:
+                return await asyncio.wait_for(receive(), self.body_timeout_s)
+            except TimeoutError:
+                stalled = True
+                return {"type": "http.disconnect"}
 
-        try:
-            await self.app(scope, bounded_receive, tracking_send)
-        except TimeoutError:
-            if not started:
-                await _answer(send, 408, b'{"error": "request body too slow"}')
+        await self.app(scope, bounded_receive, tracking_send)
+        if stalled and not started:
+            await _answer(send, 408, b'{"error": "request body too slow"}')
 
 
 async def _answer(send: Send, status: int, body: bytes) -> None:
