@@ -5,6 +5,8 @@ a message's delivery state only ever moves up the vocabulary's ranking. Suppress
 first-writer-wins. So a duplicate, a replay or any arrival order changes nothing it should not.
 """
 
+import dataclasses
+import hashlib
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -12,11 +14,39 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from email_platform.db.errors import refused_by_database
+from email_platform.db.schema import email_events as email_events_table
 from email_platform.store import email_events, inbox, messages, suppressions
+from email_platform.text import storable_text, text_problem
 from email_platform.timeutil import utcnow
 from email_platform.webhooks import registry
 from email_platform.webhooks.errors import WebhookMalformed
 from email_platform.webhooks.vocabulary import NormalizedEvent, combine
+
+#: Lengths of the descriptive columns, cut to fit rather than refused.
+_LIMITS = {
+    name: email_events_table.c[name].type.length
+    for name in ("reject_reason", "click_url", "user_agent")
+}
+
+
+def _identity(value: str) -> str:
+    """A provider event id the column holds; an over-long or odd one becomes its SHA-256."""
+    limit = email_events_table.c.provider_event_id.type.length
+    if len(value) <= limit and text_problem(value) is None:
+        return value
+    return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _fitting(column: str, value: str | None) -> str | None:
+    """An id read from a provider's body, or ``None`` if it cannot be one (too long for its
+    column, NUL): no message has such an id, so nothing is lost by not storing it."""
+    if value is None:
+        return None
+    limit = email_events_table.c[column].type.length
+    if (limit is not None and len(value) > limit) or text_problem(value) is not None:
+        return None
+    return value
 
 
 @dataclass
@@ -53,25 +83,40 @@ class WebhookIngestor:
         for row in rows:
             try:
                 events = self.providers[row.provider].normalize(row.body.encode("utf-8"))
-            except (WebhookMalformed, KeyError) as exc:
-                with self.engine.begin() as connection:
-                    inbox.finish(
-                        connection,
-                        row.inbox_id,
-                        status=inbox.MALFORMED,
-                        error=str(exc),
-                        now=utcnow(),
-                    )
+            except Exception as exc:  # whatever a stored body does, it is that row's alone
+                error = str(exc) if isinstance(exc, WebhookMalformed | KeyError) else repr(exc)
+                self._finish(row.inbox_id, inbox.MALFORMED, error)
                 outcome.malformed += 1
                 continue
             # One transaction per inbox row: its events land together or not at all.
-            with self.engine.begin() as connection:
-                for event in events:
-                    self._apply(connection, event, row.inbox_id, outcome)
-                inbox.finish(
-                    connection, row.inbox_id, status=inbox.PROCESSED, error=None, now=utcnow()
-                )
+            before = dataclasses.replace(outcome)
+            try:
+                with self.engine.begin() as connection:
+                    for event in events:
+                        self._apply(connection, event, row.inbox_id, outcome)
+                    inbox.finish(
+                        connection, row.inbox_id, status=inbox.PROCESSED, error=None, now=utcnow()
+                    )
+            except Exception as exc:
+                if not refused_by_database(exc):
+                    raise  # the database is down: the run fails and its rows are released
+                # One webhook the database will not store must not hold up the others: it is
+                # marked failed with the reason (``webhooks reprocess`` retries it).
+                for name, value in dataclasses.asdict(before).items():
+                    setattr(outcome, name, value)
+                self._finish(row.inbox_id, inbox.FAILED, f"the database refused it: {exc!r}")
+                outcome.failed += 1
         return outcome
+
+    def _finish(self, inbox_id: int, status: str, error: str) -> None:
+        with self.engine.begin() as connection:
+            inbox.finish(
+                connection,
+                inbox_id,
+                status=status,
+                error=storable_text(error, 2000),
+                now=utcnow(),
+            )
 
     def _apply(
         self, connection: Any, event: NormalizedEvent, inbox_id: int, outcome: IngestOutcome
@@ -83,25 +128,28 @@ class WebhookIngestor:
             event_id=event.event_id,
             provider_message_id=event.provider_message_id,
         )
-        recipient = event.recipient or (message.recipient if message is not None else None)
+        recipient = _fitting("recipient", event.recipient) or (
+            message.recipient if message is not None else None
+        )
         stored = email_events.add(
             connection,
             {
                 "provider": event.provider,
-                "provider_event_id": event.provider_event_id,
+                "provider_event_id": _identity(event.provider_event_id),
                 "event_type": event.event_type,
                 "occurred_at": event.occurred_at,
                 "received_at": now,
-                "event_id": event.event_id or (message.event_id if message is not None else None),
-                "idempotency_key": event.idempotency_key,
+                "event_id": _fitting("event_id", event.event_id)
+                or (message.event_id if message is not None else None),
+                "idempotency_key": _fitting("idempotency_key", event.idempotency_key),
                 "message_id": message.message_id if message is not None else None,
-                "provider_message_id": event.provider_message_id,
+                "provider_message_id": _fitting("provider_message_id", event.provider_message_id),
                 "recipient": recipient,
                 "recipient_domain": recipient.rsplit("@", 1)[-1].lower() if recipient else None,
-                "reject_reason": event.reject_reason,
+                "reject_reason": storable_text(event.reject_reason, _LIMITS["reject_reason"]),
                 "bounce_type": event.bounce_type,
-                "click_url": event.click_url,
-                "user_agent": event.user_agent,
+                "click_url": storable_text(event.click_url, _LIMITS["click_url"]),
+                "user_agent": storable_text(event.user_agent, _LIMITS["user_agent"]),
                 "machine_open": event.machine_open,
                 "inbox_id": inbox_id,
                 "raw": event.raw,
