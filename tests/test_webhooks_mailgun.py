@@ -22,13 +22,12 @@ import pytest
 from sqlalchemy import Engine
 
 from email_platform.errors import ConfigurationError
-from email_platform.providers.base import OutgoingEmail
 from email_platform.providers.mailgun import MailgunProvider
 from email_platform.timeutil import utcnow
 from email_platform.webhooks.errors import WebhookRejected
 from email_platform.webhooks.mailgun import build_verifier, normalize, sign
 from tests.webhook_signers.mailgun import JSON, SETTINGS, SIGNER, SIGNING_KEY, fixture, signed
-from tests.webhook_support import inbox_rows, receiver
+from tests.webhook_support import inbox_rows, outgoing_email, receiver
 
 
 def post(client, body: bytes) -> httpx.Response:  # type: ignore[no-untyped-def]
@@ -89,18 +88,7 @@ def test_message_id_with_angle_brackets_matches_what_the_adapter_stored() -> Non
 
 
 def test_user_variables_written_by_the_send_adapter_are_read_back() -> None:
-    email = OutgoingEmail(
-        message_id=1,
-        event_id="01KDVFF0NRVB039663SGXKY95F",
-        idempotency_key="order-7781:receipt",
-        sender="Example <no-reply@mg.example.com>",
-        to="jane@example.com",
-        subject="Your receipt",
-        text="Thanks",
-        html=None,
-        template="receipt",
-        lane="transactional",
-    )
+    email = outgoing_email(sender="Example <no-reply@mg.example.com>")
     form = MailgunProvider(api_key="key-test", domain="mg.example.com").build_request(email).data
     assert isinstance(form, dict)
     payload = fixture("delivered")

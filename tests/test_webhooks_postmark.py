@@ -16,13 +16,12 @@ import pytest
 from sqlalchemy import Engine
 
 from email_platform.errors import ConfigurationError
-from email_platform.providers.base import OutgoingEmail
 from email_platform.providers.postmark import PostmarkProvider
 from email_platform.timeutil import utcnow
 from email_platform.webhooks.errors import WebhookRejected
 from email_platform.webhooks.postmark import build_verifier, normalize
 from tests.webhook_signers.postmark import PASSWORD, SETTINGS, SIGNER, USER, basic_auth, fixture
-from tests.webhook_support import inbox_rows, receiver
+from tests.webhook_support import inbox_rows, outgoing_email, receiver
 
 # --- normalization -----------------------------------------------------------------------------
 
@@ -87,18 +86,7 @@ def test_foreign_metadata_values_are_not_taken_for_our_ids() -> None:
 
 def test_metadata_written_by_the_send_adapter_is_read_back() -> None:
     """The adapter's ``Metadata`` comes back in every webhook: the same two ids, unchanged."""
-    email = OutgoingEmail(
-        message_id=1,
-        event_id="01KDVFF0NRVB039663SGXKY95F",
-        idempotency_key="order-7781:receipt",
-        sender="Example <no-reply@example.com>",
-        to="jane@example.com",
-        subject="Your receipt",
-        text="Thanks",
-        html=None,
-        template="receipt",
-        lane="transactional",
-    )
+    email = outgoing_email()
     request = PostmarkProvider(server_token="server-token").build_request(email)
     record = json.loads(fixture("delivery"))
     record["Metadata"] = request.json["Metadata"]

@@ -22,7 +22,6 @@ from sqlalchemy import Engine
 
 from email_platform.errors import ConfigurationError
 from email_platform.ids import new_ulid
-from email_platform.providers.base import OutgoingEmail
 from email_platform.providers.resend import ResendProvider
 from email_platform.tags import tag_value
 from email_platform.timeutil import utcnow
@@ -42,6 +41,7 @@ from tests.webhook_support import (
     event_rows,
     inbox_rows,
     ingest,
+    outgoing_email,
     receiver,
     seed_sent_message,
 )
@@ -83,17 +83,10 @@ def test_other_event_families_are_unknown_not_refused() -> None:
 
 
 def test_adapter_tags_are_read_back_exactly_or_not_at_all() -> None:
-    email = OutgoingEmail(
-        message_id=1,
-        event_id="01KDVFF0NRVB039663SGXKY95F",
+    email = outgoing_email(
         idempotency_key="01KDVFF0NRVB039663SGXKY95F:welcome",
         sender="Acme <onboarding@resend.dev>",
-        to="jane@example.com",
-        subject="Welcome",
-        text="Hi",
-        html=None,
         template="welcome",
-        lane="transactional",
     )
     sent_tags = ResendProvider(api_key="re_test").build_request(email).json["tags"]
     record = json.loads(fixture("email_delivered"))

@@ -30,7 +30,6 @@ from sqlalchemy import Engine, select
 
 from email_platform.db.schema import email_events
 from email_platform.errors import ConfigurationError
-from email_platform.providers.base import OutgoingEmail
 from email_platform.providers.sendgrid import SendGridProvider
 from email_platform.timeutil import utcnow
 from email_platform.webhooks import sendgrid
@@ -53,6 +52,7 @@ from tests.webhook_support import (
     event_rows,
     inbox_rows,
     ingest,
+    outgoing_email,
     reasons,
     receiver,
     seed_sent_message,
@@ -114,17 +114,11 @@ def test_unknown_events_ids_that_do_not_fit_and_missing_event_ids():
 
 
 def test_what_the_send_adapter_sends_is_what_the_normalizer_reads_back():
-    email = OutgoingEmail(
-        message_id=1,
+    email = outgoing_email(
         event_id=EVENT_ID,
         idempotency_key="01JF3W5Q8YV2N6T0R4K7M9B1SG:welcome/π",
-        sender="Example <no-reply@example.com>",
         to=RECIPIENT,
-        subject="Welcome",
-        text="Hello",
-        html=None,
         template="welcome",
-        lane="transactional",
     )
     adapter = SendGridProvider("https://api.sendgrid.com", api_key="SG.test")
     request = adapter.build_request(email)

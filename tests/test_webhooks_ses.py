@@ -24,7 +24,6 @@ from botocore.credentials import Credentials
 from starlette.testclient import TestClient
 
 from email_platform.errors import ConfigurationError
-from email_platform.providers.base import OutgoingEmail
 from email_platform.providers.ses import SesProvider
 from email_platform.webhooks import ses
 from email_platform.webhooks.errors import WebhookMalformed, WebhookRejected
@@ -53,7 +52,7 @@ from tests.webhook_signers.ses import (
     sign,
     sns_headers,
 )
-from tests.webhook_support import inbox_rows, ingest, seed_sent_message
+from tests.webhook_support import inbox_rows, ingest, outgoing_email, seed_sent_message
 
 
 @pytest.fixture
@@ -177,17 +176,11 @@ def test_setup_messages_carry_no_events_and_unreadable_envelopes_are_malformed()
 
 
 def test_what_the_send_adapter_sends_is_what_the_normalizer_reads_back():
-    email = OutgoingEmail(
-        message_id=1,
+    email = outgoing_email(
         event_id=EVENT_ID,
         idempotency_key=f"{EVENT_ID}:welcome/v2",
-        sender="Example <no-reply@example.com>",
         to=RECIPIENT,
-        subject="Welcome",
-        text="Hello",
-        html=None,
         template="welcome",
-        lane="transactional",
     )
     adapter = SesProvider(
         "https://email.us-east-1.amazonaws.com",

@@ -20,6 +20,7 @@ from sqlalchemy import Engine, select
 from starlette.testclient import TestClient
 
 from email_platform.db.schema import email_events, email_messages, webhook_inbox
+from email_platform.providers.base import OutgoingEmail
 from email_platform.store import messages, outbox, suppressions
 from email_platform.timeutil import utcnow
 from email_platform.webhooks.ingest import IngestOutcome, WebhookIngestor
@@ -85,6 +86,23 @@ def standard_headers(
         f"{prefix}-timestamp": str(timestamp),
         f"{prefix}-signature": sign(secret, webhook_id, timestamp, body),
     }
+
+
+def outgoing_email(**changes: Any) -> OutgoingEmail:
+    """A message as the send path hands it to an adapter (to read its ids back from webhooks)."""
+    fields: dict[str, Any] = {
+        "message_id": 1,
+        "event_id": "01KDVFF0NRVB039663SGXKY95F",
+        "idempotency_key": "order-7781:receipt",
+        "sender": "Example <no-reply@example.com>",
+        "to": "jane@example.com",
+        "subject": "Your receipt",
+        "text": "Thanks",
+        "html": None,
+        "template": "receipt",
+        "lane": "transactional",
+    }
+    return OutgoingEmail(**{**fields, **changes})
 
 
 # --- what a provider's fixtures must normalize to ---------------------------------------------
