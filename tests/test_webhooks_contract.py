@@ -31,7 +31,7 @@ from email_platform.db.schema import email_events, email_messages, suppressions,
 from email_platform.store import email_events as events_store
 from email_platform.store import inbox
 from email_platform.webhooks.errors import WebhookMalformed
-from email_platform.webhooks.vocabulary import RANK
+from email_platform.webhooks.vocabulary import RANK, NormalizedEvent
 from tests.webhook_signers import SIGNERS, WITH_FIXTURES
 from tests.webhook_support import (
     Ids,
@@ -77,7 +77,7 @@ def seed(engine: Engine, signer: Signer, ids: Ids = IDS) -> int:
     )
 
 
-def normalized(signer: Signer, payload: bytes) -> list:  # type: ignore[type-arg]
+def normalized(signer: Signer, payload: bytes) -> list[NormalizedEvent]:
     """The events of ``payload`` as the ingestor reads them from an authentic delivery."""
     return signer.provider().normalize(signer.sign(payload)[0])
 

@@ -138,7 +138,7 @@ class Ids:
     provider_message_id: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Signer:
     """One provider as the shared suite sees it.
 
@@ -186,8 +186,10 @@ class Signer:
         """A payload of vocabulary event ``kind`` (a hard bounce for ``bounced``)."""
         return self.build(self.templates[kind], ids)
 
-    def __str__(self) -> str:  # the pytest id
+    def __str__(self) -> str:  # the pytest id, and what a failing example shows
         return self.name
+
+    __repr__ = __str__
 
 
 def rewrite(document: str, expected: Expected, ids: Ids) -> str:

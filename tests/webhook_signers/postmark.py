@@ -4,6 +4,7 @@ one fixture per record and bounce kind, with the event each must normalize to.""
 import base64
 import json
 from datetime import UTC, datetime
+from typing import Any
 
 from email_platform.webhooks import registry
 from tests.webhook_support import FIXTURE_ROOT, Expected, Ids, Request, Signer, derived_id, rewrite
@@ -23,12 +24,12 @@ def _at(text: str) -> datetime:
 
 
 def _ours(
-    event_type: str, recipient: str, event_id: str, message_id: str, at: str, **more: object
+    event_type: str, recipient: str, event_id: str, message_id: str, at: str, **more: Any
 ) -> Expected:
     """A record about one of our messages: ``Metadata`` carries both of our ids."""
     return Expected(
         event_type, recipient, event_id, f"{event_id}:welcome", message_id, _at(at), **more
-    )  # type: ignore[arg-type]
+    )
 
 
 EXPECTED = {
