@@ -298,3 +298,45 @@ def test_offsets_are_kept_as_instants(engine, pacific):
     assert as_utc(row.occurred_at) == occurred_at
     # Not due for three hours: a sender finds nothing to claim yet.
     assert as_utc(row.available_at) > datetime.now(UTC) + timedelta(hours=2, minutes=59)
+
+
+# ---- webhooks: one stored body never holds up the others --------------------------------------
+
+
+def test_a_webhook_the_database_cannot_take_as_is_does_not_hold_up_the_others(engine):
+    from starlette.testclient import TestClient
+
+    from email_platform.webhooks.ingest import WebhookIngestor
+    from email_platform.webhooks.receiver import create_receiver_app
+    from tests.webhook_support import SETTINGS, sandbox_event, signed
+
+    client = TestClient(create_receiver_app(engine, settings=SETTINGS))
+    good = [sandbox_event("email.delivered", message_id=f"sbx_{i}") for i in range(5)]
+    odd = sandbox_event(
+        "email.bounced",
+        message_id="sbx_\u0000odd",  # NUL: PostgreSQL text cannot hold it
+        event_id="E" * 300,  # no event id is 300 characters long
+        idempotency_key="k" * 1000,
+        to="bounce@example.com",
+        bounce_type="hard",
+    )
+    odd["id"] = "evt_" + "x" * 400  # over-long provider event id
+    inbox_ids = []
+    for webhook in [*good[:2], odd, *good[2:]]:
+        body, headers = signed(webhook)
+        answer = client.post("/webhooks/sandbox", content=body, headers=headers)
+        assert answer.status_code == 200, answer.text
+        inbox_ids.append(answer.json()["inbox_id"])
+    outcome = WebhookIngestor(engine).run(inbox_ids, run_id="ingest-1")
+    assert outcome.claimed == 6 and outcome.failed == 0 and outcome.malformed == 0
+    assert outcome.applied == 6  # the odd one too, with the ids no column can hold left out
+    from email_platform.db.schema import email_events, webhook_inbox
+
+    with engine.connect() as connection:
+        statuses = {r.status for r in connection.execute(webhook_inbox.select()).all()}
+        events = connection.execute(email_events.select()).all()
+    assert statuses == {"processed"}
+    (bounce,) = [e for e in events if e.event_type == "bounced"]
+    assert bounce.event_id is None and bounce.idempotency_key is None
+    assert bounce.provider_message_id is None
+    assert bounce.provider_event_id.startswith("sha256:")

@@ -1,5 +1,5 @@
 """Sandbox webhooks through the real send path, the receiver's routing, the ingestion job and
-the trace, on SQLite and PostgreSQL (DESIGN.md invariant 7). What every provider must do -
+the trace, on SQLite and PostgreSQL (docs/design.md invariant 7). What every provider must do -
 verification, raw storage before the 2xx, dedupe, any arrival order, replays - is asserted once
 for all of them, the sandbox included, in tests/test_webhooks_contract.py.
 

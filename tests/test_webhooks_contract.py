@@ -1,6 +1,6 @@
 """What every webhook provider's receiver and ingestion must do, asserted once for all of them
 (sandbox, Postmark, SendGrid, Mailgun, Resend, SES), each described by its ``Signer``
-(tests/webhook_signers/), on SQLite and PostgreSQL (DESIGN.md invariant 7).
+(tests/webhook_signers/), on SQLite and PostgreSQL (docs/design.md invariant 7).
 
 * Normalization: every documented fixture normalizes to its expected vocabulary event, with our
   ``event_id`` / ``idempotency_key`` read back from the provider's metadata field; the provider's

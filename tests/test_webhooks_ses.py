@@ -1,7 +1,7 @@
 """Amazon SES over Amazon SNS beyond the shared contract (tests/test_webhooks_contract.py, which
 covers its fixtures end to end): what is particular to SES events and to SNS, with signatures
 (versions 1 and 2) made with an RSA key whose self-signed certificate a fake Amazon serves
-(tests/webhook_signers/ses.py), on SQLite and PostgreSQL (DESIGN.md invariant 7).
+(tests/webhook_signers/ses.py), on SQLite and PostgreSQL (docs/design.md invariant 7).
 
 * Events: the same SES event in another SNS message keeps its id; machine opens; one event per
   recipient; complaint and subscription variants; setup messages carry no events; what the send

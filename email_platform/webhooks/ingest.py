@@ -122,11 +122,14 @@ class WebhookIngestor:
         self, connection: Any, event: NormalizedEvent, inbox_id: int, outcome: IngestOutcome
     ) -> None:
         now = utcnow()
+        event_id = _fitting("event_id", event.event_id)
+        idempotency_key = _fitting("idempotency_key", event.idempotency_key)
+        provider_message_id = _fitting("provider_message_id", event.provider_message_id)
         message = messages.find_for_provider_event(
             connection,
-            idempotency_key=event.idempotency_key,
-            event_id=event.event_id,
-            provider_message_id=event.provider_message_id,
+            idempotency_key=idempotency_key,
+            event_id=event_id,
+            provider_message_id=provider_message_id,
         )
         recipient = _fitting("recipient", event.recipient) or (
             message.recipient if message is not None else None
@@ -139,11 +142,10 @@ class WebhookIngestor:
                 "event_type": event.event_type,
                 "occurred_at": event.occurred_at,
                 "received_at": now,
-                "event_id": _fitting("event_id", event.event_id)
-                or (message.event_id if message is not None else None),
-                "idempotency_key": _fitting("idempotency_key", event.idempotency_key),
+                "event_id": event_id or (message.event_id if message is not None else None),
+                "idempotency_key": idempotency_key,
                 "message_id": message.message_id if message is not None else None,
-                "provider_message_id": _fitting("provider_message_id", event.provider_message_id),
+                "provider_message_id": provider_message_id,
                 "recipient": recipient,
                 "recipient_domain": recipient.rsplit("@", 1)[-1].lower() if recipient else None,
                 "reject_reason": storable_text(event.reject_reason, _LIMITS["reject_reason"]),
@@ -183,7 +185,7 @@ class WebhookIngestor:
                 reason=reason,
                 source=f"webhook:{event.provider}",
                 now=now,
-                event_id=event.event_id,
+                event_id=event_id,
             )
         ):
             outcome.suppressed += 1
