@@ -9,6 +9,7 @@ read-only, exactly as an analyst would; a sensor refreshes it after sends and we
 import base64
 import hashlib
 import json
+import os
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -143,7 +144,9 @@ _specs = [
         kinds={"duckdb"},
         freshness_policy=_freshness,
         metadata={
-            "sql": MetadataValue.path(str(core.ANALYTICS_DIR / f"{name}.sql")),
+            # analytics/<name>.sql in a checkout (the package's sql symlink resolved), else the
+            # installed package's copy.
+            "sql": MetadataValue.path(os.path.realpath(str(core.sql_file(f"{name}.sql")))),
             "materialized_as": "view" if name.startswith("stg_") else "table",
         },
     )

@@ -19,12 +19,12 @@ snapshot analysts open read-only. One module per part:
 """
 
 from email_platform.warehouse.build import (
-    ANALYTICS_DIR,
     FUNNEL,
     FUNNEL_DAILY,
     MODELS,
     STAGING_MODELS,
     model_sql,
+    sql_file,
 )
 from email_platform.warehouse.checks import (
     LATENCY_COLUMNS,
@@ -65,7 +65,6 @@ from email_platform.warehouse.sources import (
 )
 
 __all__ = [
-    "ANALYTICS_DIR",
     "DEFAULT_LOOKBACK_S",
     "DELETIONS",
     "FUNNEL",
@@ -100,6 +99,7 @@ __all__ = [
     "question_sql",
     "refresh",
     "run_question",
+    "sql_file",
     "writer_lock",
     "writer_path",
 ]

@@ -6,18 +6,22 @@ their SQL; an incremental build recomputes only the funnel rows of messages touc
 (the message changed, or it got an attempt, provider event or dead letter) and only the daily
 rows of the days those messages belong to. A change to a model's SQL file triggers a full build
 of the models (``_models_fingerprint``, kept in ``warehouse_state``).
+
+The SQL files live in ``analytics/``, where analysts read them (file name = table name = asset
+name). The package reads them as its resources through ``email_platform/warehouse/sql``, a
+relative symlink to ``analytics/`` that setuptools follows, so the wheel carries them as package
+data and an installed package builds the warehouse from its own copies (``sql_file``).
 """
 
 import hashlib
+import importlib.resources
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from importlib.resources.abc import Traversable
 
 import duckdb
 
 from email_platform.warehouse.files import _literal
-
-ANALYTICS_DIR = Path(__file__).resolve().parents[2] / "analytics"
 
 STAGING_MODELS = (
     "stg_events",
@@ -39,9 +43,18 @@ MODELS = (*STAGING_MODELS, FUNNEL, FUNNEL_DAILY)
 AFFECTED = "_affected"
 
 
+def sql_file(*parts: str) -> Traversable:
+    """``analytics/<parts>`` as the package holds it: ``email_platform/warehouse/sql`` is a
+    symlink to ``analytics/`` in the checkout, and the wheel carries copies of the files."""
+    path = importlib.resources.files("email_platform.warehouse") / "sql"
+    for part in parts:
+        path = path / part
+    return path
+
+
 def model_sql(name: str) -> str:
     """The SELECT of one model, from ``analytics/<name>.sql``."""
-    return (ANALYTICS_DIR / f"{name}.sql").read_text()
+    return sql_file(f"{name}.sql").read_text()
 
 
 def _models_fingerprint() -> str:

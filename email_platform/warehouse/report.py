@@ -13,21 +13,23 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from email_platform.warehouse.build import ANALYTICS_DIR, FUNNEL, FUNNEL_DAILY
+from email_platform.warehouse.build import FUNNEL, FUNNEL_DAILY, sql_file
 from email_platform.warehouse.files import connect_read_only
 
 if TYPE_CHECKING:  # pandas costs 0.2 s to import, and every launched run imports this module
     import pandas as pd
 
-QUESTIONS_DIR = ANALYTICS_DIR / "questions"
-
 
 def question_names() -> list[str]:
-    return sorted(path.stem for path in QUESTIONS_DIR.glob("*.sql"))
+    return sorted(
+        entry.name.removesuffix(".sql")
+        for entry in sql_file("questions").iterdir()
+        if entry.name.endswith(".sql")
+    )
 
 
 def question_sql(name: str) -> str:
-    return (QUESTIONS_DIR / f"{name}.sql").read_text()
+    return sql_file("questions", f"{name}.sql").read_text()
 
 
 def run_question(warehouse_path: str | os.PathLike[str], name: str) -> "pd.DataFrame":
