@@ -19,7 +19,6 @@ from email_platform import warehouse
 from email_platform.assets import analytics_assets, analytics_checks, analytics_warehouse
 from email_platform.assets.analytics import (
     FULL_TAG,
-    MODELS,
     RECONCILE_S,
     analytics_refresh_sensor,
 )
@@ -928,7 +927,7 @@ def test_assets_materialize_with_metadata_and_checks_in_dagster(engine, database
     )
     assert result.success
     materialized = {m.asset_key.path[-1]: m for m in result.get_asset_materialization_events()}
-    assert set(materialized) == set(MODELS)
+    assert set(materialized) == set(warehouse.MODEL_NAMES)
     funnel = materialized["email_funnel"].materialization.metadata
     assert funnel["dagster/row_count"].value == 5 and funnel["accepted"].value == 3
     assert funnel["open_rate"].value == pytest.approx(2 / 3)
@@ -971,7 +970,7 @@ def test_code_location_registers_assets_checks_sensor_and_resource():
 
     repository = defs.get_repository_def()
     keys = {key.path[-1] for key in repository.asset_graph.get_all_asset_keys()}
-    assert set(MODELS) <= keys
+    assert set(warehouse.MODEL_NAMES) <= keys
     assert {"email_outbox", "email_messages", "email_events"} <= keys
     node = repository.assets_defs_by_key[AssetKey("email_funnel")]
     assert node.specs_by_key[AssetKey("email_funnel")].group_name == "analytics"
@@ -1010,7 +1009,7 @@ def test_sensor_requests_a_refresh_only_when_something_changed(engine, database_
 
     first, cursor = tick(None)
     assert first.run_key and first.tags["email/job"] == "analytics"
-    assert {k.path[-1] for k in first.asset_selection} == set(MODELS)
+    assert {k.path[-1] for k in first.asset_selection} == set(warehouse.MODEL_NAMES)
     skipped, cursor = tick(cursor)
     assert "Nothing new" in skipped.skip_message
     # A provider event deleted, not the newest: only its deletion record moves the digest.

@@ -62,65 +62,6 @@ OPERATIONAL_TABLES = {
     "email_events": "Normalized provider events from webhooks, each stored once.",
 }
 
-MODELS: dict[str, tuple[str, list[str]]] = {
-    "stg_events": (
-        "Staging: one row per application event published to the outbox, with its lane, "
-        "status and resolution.",
-        ["email_outbox"],
-    ),
-    "stg_sends": (
-        "Staging: one row per message (event x route) with its template, lane, provider, "
-        "recipient domain (never the address), status and when the provider accepted it.",
-        ["email_messages"],
-    ),
-    "stg_attempts": (
-        "Staging: one row per provider call, with its outcome (accepted, transient, "
-        "permanent), HTTP status and duration.",
-        ["email_attempts"],
-    ),
-    "stg_provider_events": (
-        "Staging: every normalized provider event, each once. Orphans (no matching message) "
-        "have a null message_id.",
-        ["email_events"],
-    ),
-    "stg_deliveries": ("Staging: delivered events.", ["stg_provider_events"]),
-    "stg_opens": (
-        "Staging: open events, with machine opens (mail privacy proxies) flagged.",
-        ["stg_provider_events"],
-    ),
-    "stg_clicks": ("Staging: link clicks.", ["stg_provider_events"]),
-    "stg_bounces": (
-        "Staging: bounces, hard or soft, including bounces after delivery.",
-        ["stg_provider_events"],
-    ),
-    "stg_complaints": ("Staging: spam complaints.", ["stg_provider_events"]),
-    "stg_unsubscribes": ("Staging: unsubscribes.", ["stg_provider_events"]),
-    "stg_dead_letters": (
-        "Staging: dead letters with reason, attempts and status (open, replayed, discarded, "
-        "expired, suppressed).",
-        ["dead_letters"],
-    ),
-    "email_funnel": (
-        "The email funnel: one row per message, every hop joined on event_id. Event type, "
-        "template and version, lane, provider, recipient domain; when the event occurred, was "
-        "published, first attempted, accepted, delivered, first opened by a human, first "
-        "clicked, bounced (and how), complained and unsubscribed; the final status, attempts and "
-        "the latency between steps in seconds.",
-        [
-            "stg_sends",
-            "stg_events",
-            "stg_attempts",
-            "stg_provider_events",
-            "stg_dead_letters",
-        ],
-    ),
-    "email_funnel_daily": (
-        "The funnel per UTC day x template x lane x provider: messages accepted, delivered, "
-        "opened by a human, clicked, bounced, complained, with their rates. Machine opens are "
-        "left out of the open rate and reported apart. Carries a funnel chart per template.",
-        ["email_funnel"],
-    ),
-}
 
 operational_tables = [
     AssetSpec(
@@ -137,20 +78,20 @@ _freshness = FreshnessPolicy.time_window(
 )
 _specs = [
     AssetSpec(
-        name,
+        model.name,
         group_name=ANALYTICS_GROUP,
-        description=description,
-        deps=deps,
+        description=model.description,
+        deps=model.deps,
         kinds={"duckdb"},
         freshness_policy=_freshness,
         metadata={
             # analytics/<name>.sql in a checkout (the package's sql symlink resolved), else the
             # installed package's copy.
-            "sql": MetadataValue.path(os.path.realpath(str(core.sql_file(f"{name}.sql")))),
-            "materialized_as": "view" if name.startswith("stg_") else "table",
+            "sql": MetadataValue.path(os.path.realpath(str(core.sql_file(f"{model.name}.sql")))),
+            "materialized_as": model.materialized_as,
         },
     )
-    for name, (description, deps) in MODELS.items()
+    for model in core.MODELS
 ]
 
 
@@ -178,16 +119,13 @@ def analytics_warehouse(
         + (" (full build)" if summary.full_build else "")
         + f" in {summary.timings_s['total']:.2f}s"
     )
-    for name in MODELS:
+    for name in core.MODEL_NAMES:
         yield MaterializeResult(asset_key=AssetKey(name), metadata=_metadata(name, summary))
 
 
+# The staging models that read an operational table directly: their metadata counts its rows.
 _SOURCE_OF = {
-    "stg_events": "email_outbox",
-    "stg_sends": "email_messages",
-    "stg_attempts": "email_attempts",
-    "stg_provider_events": "email_events",
-    "stg_dead_letters": "dead_letters",
+    model.name: dep for model in core.MODELS for dep in model.deps if dep in core.SOURCES_BY_NAME
 }
 
 

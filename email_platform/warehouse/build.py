@@ -1,5 +1,8 @@
 """The models: ``analytics/*.sql``, built over the raw tables, whole or only what changed.
 
+``MODELS`` is the one list of them, in build order, with what each holds and reads: the build,
+the models' fingerprint and the Dagster asset specs all derive from it.
+
 ``analytics/stg_*.sql`` are views over the raw tables (they cost nothing to refresh and cannot
 drift from the load). ``email_funnel`` and ``email_funnel_daily`` are tables: a full build runs
 their SQL; an incremental build recomputes only the funnel rows of messages touched by the load
@@ -17,28 +20,115 @@ import hashlib
 import importlib.resources
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib.resources.abc import Traversable
 
 import duckdb
 
 from email_platform.warehouse.files import _literal
 
-STAGING_MODELS = (
-    "stg_events",
-    "stg_sends",
-    "stg_attempts",
-    "stg_provider_events",
-    "stg_deliveries",
-    "stg_opens",
-    "stg_clicks",
-    "stg_bounces",
-    "stg_complaints",
-    "stg_unsubscribes",
-    "stg_dead_letters",
-)
+
+@dataclass(frozen=True)
+class Model:
+    """One model: ``analytics/<name>.sql``, built as the view or table ``<name>``, which is also
+    its asset's name."""
+
+    name: str
+    # What it holds, for analysts (the asset's description in the Dagster UI).
+    description: str
+    # What its SQL reads: operational tables (their raw_* copies) or other models.
+    deps: tuple[str, ...]
+
+    @property
+    def materialized_as(self) -> str:
+        """Staging models are views over the raw tables; the funnel models are tables."""
+        return "view" if self.name.startswith("stg_") else "table"
+
+
 FUNNEL = "email_funnel"
 FUNNEL_DAILY = "email_funnel_daily"
-MODELS = (*STAGING_MODELS, FUNNEL, FUNNEL_DAILY)
+# The one list of models, in build order (a view is created after the views it reads). Only
+# the two funnel models are tables; _build_models builds each of them by name.
+MODELS: tuple[Model, ...] = (
+    Model(
+        "stg_events",
+        "Staging: one row per application event published to the outbox, with its lane, "
+        "status and resolution.",
+        ("email_outbox",),
+    ),
+    Model(
+        "stg_sends",
+        "Staging: one row per message (event x route) with its template, lane, provider, "
+        "recipient domain (never the address), status and when the provider accepted it.",
+        ("email_messages",),
+    ),
+    Model(
+        "stg_attempts",
+        "Staging: one row per provider call, with its outcome (accepted, transient, "
+        "permanent), HTTP status and duration.",
+        ("email_attempts",),
+    ),
+    Model(
+        "stg_provider_events",
+        "Staging: every normalized provider event, each once. Orphans (no matching message) "
+        "have a null message_id.",
+        ("email_events",),
+    ),
+    Model(
+        "stg_deliveries",
+        "Staging: delivered events.",
+        ("stg_provider_events",),
+    ),
+    Model(
+        "stg_opens",
+        "Staging: open events, with machine opens (mail privacy proxies) flagged.",
+        ("stg_provider_events",),
+    ),
+    Model(
+        "stg_clicks",
+        "Staging: link clicks.",
+        ("stg_provider_events",),
+    ),
+    Model(
+        "stg_bounces",
+        "Staging: bounces, hard or soft, including bounces after delivery.",
+        ("stg_provider_events",),
+    ),
+    Model(
+        "stg_complaints",
+        "Staging: spam complaints.",
+        ("stg_provider_events",),
+    ),
+    Model(
+        "stg_unsubscribes",
+        "Staging: unsubscribes.",
+        ("stg_provider_events",),
+    ),
+    Model(
+        "stg_dead_letters",
+        "Staging: dead letters with reason, attempts and status (open, replayed, discarded, "
+        "expired, suppressed).",
+        ("dead_letters",),
+    ),
+    Model(
+        FUNNEL,
+        "The email funnel: one row per message, every hop joined on event_id. Event type, "
+        "template and version, lane, provider, recipient domain; when the event occurred, was "
+        "published, first attempted, accepted, delivered, first opened by a human, first "
+        "clicked, bounced (and how), complained and unsubscribed; the final status, attempts and "
+        "the latency between steps in seconds.",
+        ("stg_sends", "stg_events", "stg_attempts", "stg_provider_events", "stg_dead_letters"),
+    ),
+    Model(
+        FUNNEL_DAILY,
+        "The funnel per UTC day x template x lane x provider: messages accepted, delivered, "
+        "opened by a human, clicked, bounced, complained, with their rates. Machine opens are "
+        "left out of the open rate and reported apart. Carries a funnel chart per template.",
+        (FUNNEL,),
+    ),
+)
+MODEL_NAMES = tuple(model.name for model in MODELS)
+STAGING_MODELS = tuple(model.name for model in MODELS if model.materialized_as == "view")
 # The messages whose funnel rows the load touched (a temp table of the refresh's writer).
 AFFECTED = "_affected"
 
@@ -59,7 +149,7 @@ def model_sql(name: str) -> str:
 
 def _models_fingerprint() -> str:
     digest = hashlib.sha256()
-    for name in MODELS:
+    for name in MODEL_NAMES:
         digest.update(name.encode())
         digest.update(model_sql(name).encode())
     return digest.hexdigest()[:16]
