@@ -17,11 +17,7 @@ from sqlalchemy import Engine, func, insert, select, update
 
 from email_platform import warehouse
 from email_platform.assets import analytics_assets, analytics_checks, analytics_warehouse
-from email_platform.assets.analytics import (
-    FULL_TAG,
-    RECONCILE_S,
-    analytics_refresh_sensor,
-)
+from email_platform.assets.analytics import FULL_TAG
 from email_platform.db.schema import (
     dead_letters,
     email_attempts,
@@ -31,6 +27,7 @@ from email_platform.db.schema import (
     email_outbox,
 )
 from email_platform.resources import AppDatabase, Warehouse
+from email_platform.sensors.analytics import RECONCILE_S, analytics_refresh_sensor
 from email_platform.warehouse import load, refreshing, state
 
 T0 = datetime(2026, 3, 2, 10, 0, 0, tzinfo=UTC)
