@@ -27,6 +27,7 @@ import glob
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -51,7 +52,9 @@ def lock_path(warehouse_path: str | os.PathLike[str]) -> Path:
 
 
 @contextmanager
-def writer_lock(warehouse_path: str | os.PathLike[str], timeout_s: float = LOCK_TIMEOUT_S):
+def writer_lock(
+    warehouse_path: str | os.PathLike[str], timeout_s: float = LOCK_TIMEOUT_S
+) -> Iterator[None]:
     """One refresh at a time per warehouse, across processes; waits up to ``timeout_s``."""
     path = lock_path(warehouse_path)
     path.parent.mkdir(parents=True, exist_ok=True)
