@@ -6,10 +6,11 @@ snapshot when there is none, or when a reader holds it), reads the high-water ma
 transaction from the first load to the saved high-water marks, it writes what it staged,
 rebuilds the models it touched (``build``) and saves the new marks: a refresh that fails or is
 killed half-way leaves the writer file as the last refresh left it. The commit checkpoints; the
-writer file is published as the new snapshot in one rename, the snapshot it replaced becomes the
-next writer file (``files``), and deleted rows are compacted out of that file once they add up
-(``state``). When nothing was new or changed, the snapshot and the writer file stay as they
-are. ``RefreshSummary`` says what the refresh did, for the assets' metadata and the benchmark.
+writer file is published as the new snapshot in one rename, the snapshot it replaced is patched
+into the next writer file (or the new one is copied, while a reader holds the old one:
+``files``), and deleted rows are compacted out of that file once they add up (``state``). When
+nothing was new or changed, the snapshot and the writer file stay as they are.
+``RefreshSummary`` says what the refresh did, for the assets' metadata and the benchmark.
 """
 
 import os
