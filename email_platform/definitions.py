@@ -2,7 +2,7 @@
 
 from dagster import Definitions, in_process_executor
 
-from email_platform.assets import analytics_assets, analytics_sensors
+from email_platform.assets import analytics_assets
 from email_platform.jobs import ingest_webhooks_job, lane_worker_job, send_email_job
 from email_platform.resources import (
     AppDatabase,
@@ -11,6 +11,7 @@ from email_platform.resources import (
     RoutingResource,
     Warehouse,
 )
+from email_platform.sensors.analytics import analytics_sensors
 from email_platform.sensors.outbox import outbox_sensors
 from email_platform.sensors.run_failure import email_run_failure_sensor
 from email_platform.sensors.webhooks import webhook_inbox_sensor

@@ -17,12 +17,7 @@ from sqlalchemy import Engine, func, insert, select, update
 
 from email_platform import warehouse
 from email_platform.assets import analytics_assets, analytics_checks, analytics_warehouse
-from email_platform.assets.analytics import (
-    FULL_TAG,
-    MODELS,
-    RECONCILE_S,
-    analytics_refresh_sensor,
-)
+from email_platform.assets.analytics import FULL_TAG
 from email_platform.db.schema import (
     dead_letters,
     email_attempts,
@@ -32,6 +27,8 @@ from email_platform.db.schema import (
     email_outbox,
 )
 from email_platform.resources import AppDatabase, Warehouse
+from email_platform.sensors.analytics import RECONCILE_S, analytics_refresh_sensor
+from email_platform.warehouse import load, refreshing, state
 
 T0 = datetime(2026, 3, 2, 10, 0, 0, tzinfo=UTC)
 
@@ -565,15 +562,15 @@ def test_a_refresh_that_fails_half_way_leaves_nothing_half_done(engine, tmp_path
     generate(engine, messages=300, days=1, end=now - timedelta(hours=1))
     warehouse.refresh(engine, path)
     batch = generate(engine, messages=50, days=0.005, end=now, seed=9, late_events_for_existing=20)
-    build = warehouse._build_models
+    build = refreshing._build_models
 
     def fail_after_the_loads(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise RuntimeError("killed during the build")
 
-    monkeypatch.setattr(warehouse, "_build_models", fail_after_the_loads)
+    monkeypatch.setattr(refreshing, "_build_models", fail_after_the_loads)
     with pytest.raises(RuntimeError, match="killed during the build"):
         warehouse.refresh(engine, path)
-    monkeypatch.setattr(warehouse, "_build_models", build)
+    monkeypatch.setattr(refreshing, "_build_models", build)
     retry = warehouse.refresh(engine, path)
     assert retry.rows_loaded["email_messages"] == 50 + batch.statuses_raised
     assert not retry.full_build
@@ -595,7 +592,7 @@ def test_a_source_failing_to_stage_fails_the_refresh_and_the_next_one_loads_it(
     generate(engine, messages=300, days=1, end=now - timedelta(hours=1))
     first = warehouse.refresh(engine, path)
     batch = generate(engine, messages=50, days=0.005, end=now, seed=9, late_events_for_existing=20)
-    stage = warehouse._stage_source
+    stage = load._stage_source
     staged: list[str] = []
 
     def messages_fail(connection, attached, source, since):  # type: ignore[no-untyped-def]
@@ -604,7 +601,7 @@ def test_a_source_failing_to_stage_fails_the_refresh_and_the_next_one_loads_it(
         staged.append(source.name)
         return stage(connection, attached, source, since)
 
-    monkeypatch.setattr(warehouse, "_stage_source", messages_fail)
+    monkeypatch.setattr(load, "_stage_source", messages_fail)
     with pytest.raises(RuntimeError, match="the messages could not be read"):
         warehouse.refresh(engine, path)
     assert "email_events" in staged  # the other connection was reading meanwhile
@@ -615,7 +612,7 @@ def test_a_source_failing_to_stage_fails_the_refresh_and_the_next_one_loads_it(
         for name, mark in first.high_water_marks.items()
         if mark is not None
     }
-    monkeypatch.setattr(warehouse, "_stage_source", stage)
+    monkeypatch.setattr(load, "_stage_source", stage)
     retry = warehouse.refresh(engine, path)
     assert retry.rows_loaded["email_messages"] == 50 + batch.statuses_raised
     assert retry.table_rows["email_funnel"] == 350
@@ -772,7 +769,7 @@ def test_deleted_rows_are_compacted_after_publishing_once_they_add_up(
         generate(engine, messages=30, days=0.005, end=now + timedelta(minutes=10 * round_),
                  seed=20 + round_, late_events_for_existing=30)  # fmt: skip
 
-    monkeypatch.setattr(warehouse, "VACUUM_SHARE", 10.0)  # never reached
+    monkeypatch.setattr(state, "VACUUM_SHARE", 10.0)  # never reached
     deleted = []
     for round_ in range(2):
         add_messages(round_)
@@ -781,7 +778,7 @@ def test_deleted_rows_are_compacted_after_publishing_once_they_add_up(
         assert summary.rows_deleted > 0 and not summary.compacted
         deleted.append(summary.rows_deleted)
         assert unvacuumed(path) == unvacuumed(writer) == sum(deleted)
-    monkeypatch.setattr(warehouse, "VACUUM_SHARE", 0.0)  # any deleted row is enough
+    monkeypatch.setattr(state, "VACUUM_SHARE", 0.0)  # any deleted row is enough
     add_messages(2)
     summary = warehouse.refresh(engine, path)
     assert summary.rows_deleted > 0 and summary.compacted
@@ -798,7 +795,7 @@ def test_deleted_rows_are_compacted_after_publishing_once_they_add_up(
 
 def test_strings_are_written_without_fsst(engine, tmp_path):
     """The writer leaves FSST out (a quarter of the cost of inserting new rows; see
-    warehouse._connect). At this size DuckDB picks it for event ids when allowed."""
+    warehouse.files._connect). At this size DuckDB picks it for event ids when allowed."""
     from bench.generate import generate
 
     generate(engine, messages=2000, days=1, end=datetime.now(UTC) - timedelta(hours=1))
@@ -927,7 +924,7 @@ def test_assets_materialize_with_metadata_and_checks_in_dagster(engine, database
     )
     assert result.success
     materialized = {m.asset_key.path[-1]: m for m in result.get_asset_materialization_events()}
-    assert set(materialized) == set(MODELS)
+    assert set(materialized) == set(warehouse.MODEL_NAMES)
     funnel = materialized["email_funnel"].materialization.metadata
     assert funnel["dagster/row_count"].value == 5 and funnel["accepted"].value == 3
     assert funnel["open_rate"].value == pytest.approx(2 / 3)
@@ -970,7 +967,7 @@ def test_code_location_registers_assets_checks_sensor_and_resource():
 
     repository = defs.get_repository_def()
     keys = {key.path[-1] for key in repository.asset_graph.get_all_asset_keys()}
-    assert set(MODELS) <= keys
+    assert set(warehouse.MODEL_NAMES) <= keys
     assert {"email_outbox", "email_messages", "email_events"} <= keys
     node = repository.assets_defs_by_key[AssetKey("email_funnel")]
     assert node.specs_by_key[AssetKey("email_funnel")].group_name == "analytics"
@@ -1009,7 +1006,7 @@ def test_sensor_requests_a_refresh_only_when_something_changed(engine, database_
 
     first, cursor = tick(None)
     assert first.run_key and first.tags["email/job"] == "analytics"
-    assert {k.path[-1] for k in first.asset_selection} == set(MODELS)
+    assert {k.path[-1] for k in first.asset_selection} == set(warehouse.MODEL_NAMES)
     skipped, cursor = tick(cursor)
     assert "Nothing new" in skipped.skip_message
     # A provider event deleted, not the newest: only its deletion record moves the digest.

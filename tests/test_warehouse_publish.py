@@ -16,6 +16,7 @@ import pytest
 
 from bench.generate import generate
 from email_platform import warehouse
+from email_platform.warehouse import files, refreshing, state
 
 TABLES = (*(source.raw_table for source in warehouse.SOURCES), "email_funnel", "email_funnel_daily")
 
@@ -26,6 +27,13 @@ def rows(path: Path, sql: str) -> list[tuple]:
         return connection.execute(sql).fetchall()
     finally:
         connection.close()
+
+
+def unseen_by_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether a reader holds a file is asked before opening the writer file (``refreshing``) and
+    before patching the replaced snapshot (``files``): make both answers "no one"."""
+    for module in (refreshing, files):
+        monkeypatch.setattr(module, "_held_open", lambda path: False)
 
 
 def digest(path: Path) -> str:
@@ -113,7 +121,7 @@ class Reader:
 def test_the_replaced_snapshot_is_patched_into_the_next_writer_file(history, tmp_path, monkeypatch):
     # Compacting after publishing changes the writer file on purpose (same data, fewer row
     # groups: test_analytics covers it); here deleted rows never add up to it.
-    monkeypatch.setattr(warehouse, "VACUUM_SHARE", 10.0)
+    monkeypatch.setattr(state, "VACUUM_SHARE", 10.0)
     path = tmp_path / "warehouse.duckdb"
     first = warehouse.refresh(history.url, path)
     assert first.next_writer == "copied"  # nothing replaced yet
@@ -150,8 +158,8 @@ def test_a_patch_writes_only_the_chunks_that_differ(tmp_path, monkeypatch, tail,
         writes.append(offset // chunk)
         return pwrite(fd, data, offset)
 
-    monkeypatch.setattr(warehouse.os, "pwrite", counted)
-    warehouse._patch_durably(tmp_path / "source", tmp_path / "target", tmp_path / "stale")
+    monkeypatch.setattr(files.os, "pwrite", counted)
+    files._patch_durably(tmp_path / "source", tmp_path / "target", tmp_path / "stale")
     assert (tmp_path / "target").read_bytes() == source
     assert writes == chunks_written
     assert sorted(p.name for p in tmp_path.iterdir()) == ["source", "target"]
@@ -209,7 +217,7 @@ def test_a_reader_that_locks_after_the_check_gets_a_copy_made_instead(
     reader = Reader(path)
     try:
         before = reader.read()
-        monkeypatch.setattr(warehouse, "_held_open", lambda path: False)  # the check missed it
+        unseen_by_the_check(monkeypatch)  # the check missed it
         history.grow()
         summary = warehouse.refresh(history.url, path)
         assert summary.next_writer == "copied"
@@ -226,7 +234,7 @@ def test_a_writer_file_an_analyst_opened_is_replaced_by_a_copy(history, tmp_path
     warehouse.refresh(history.url, path)
     for check_sees_it in (True, False):  # seen by the check, or only by DuckDB's lock
         if not check_sees_it:
-            monkeypatch.setattr(warehouse, "_held_open", lambda path: False)
+            unseen_by_the_check(monkeypatch)
         reader = Reader(warehouse.writer_path(path))
         try:
             before = reader.read()
@@ -244,9 +252,10 @@ KILLED_REFRESH = textwrap.dedent(
     """
     import os, signal, sys
     from email_platform import warehouse
+    from email_platform.warehouse import files, refreshing
 
     url, path, module, name, when = sys.argv[1:]
-    target = {"warehouse": warehouse, "os": os}[module]
+    target = {"files": files, "refreshing": refreshing, "os": os}[module]
     original = getattr(target, name)
 
     def dying(*args, **kwargs):
@@ -263,13 +272,13 @@ KILLED_REFRESH = textwrap.dedent(
 
 CRASH_POINTS = {
     # before the swap: the writer file holds the new build, the snapshot the old data
-    "after the old snapshot got its second name": ("warehouse", "_retire", "after"),
+    "after the old snapshot got its second name": ("refreshing", "_retire", "after"),
     # after the swap: no writer file, the old snapshot only under its second name
-    "right after publishing": ("warehouse", "_prepare_next_writer", "before"),
+    "right after publishing": ("refreshing", "_prepare_next_writer", "before"),
     # half-way through the patch: a half-patched file under a temporary name
     "during the patch": ("os", "pwrite", "after"),
     # patched and flushed, not yet renamed into place
-    "before the patched file is renamed": ("warehouse", "_write_differences", "after"),
+    "before the patched file is renamed": ("files", "_write_differences", "after"),
 }
 
 
@@ -277,7 +286,7 @@ CRASH_POINTS = {
 def test_a_crash_at_any_step_of_publishing_leaves_a_usable_warehouse(
     history, tmp_path, point, monkeypatch
 ):
-    monkeypatch.setattr(warehouse, "VACUUM_SHARE", 10.0)  # the last refresh leaves no compaction
+    monkeypatch.setattr(state, "VACUUM_SHARE", 10.0)  # the last refresh leaves no compaction
     path = tmp_path / "warehouse.duckdb"
     warehouse.refresh(history.url, path)
     history.grow()
@@ -306,10 +315,11 @@ KILLED_COMPACTION = textwrap.dedent(
     """
     import os, signal, sys
     from email_platform import warehouse
+    from email_platform.warehouse import refreshing, state
 
     url, path = sys.argv[1:]
-    warehouse.VACUUM_SHARE = 0.0
-    connect = warehouse._connect
+    state.VACUUM_SHARE = 0.0
+    connect = state._connect
 
     class Dying:
         def __init__(self, connection):
@@ -323,13 +333,13 @@ KILLED_COMPACTION = textwrap.dedent(
         def close(self):
             self.connection.close()
 
-    compact = warehouse._compact
+    compact = refreshing._compact
 
     def dying_compact(file):
-        warehouse._connect = lambda *args, **kwargs: Dying(connect(*args, **kwargs))
+        state._connect = lambda *args, **kwargs: Dying(connect(*args, **kwargs))
         compact(file)
 
-    warehouse._compact = dying_compact
+    refreshing._compact = dying_compact
     warehouse.refresh(url, path)
     """
 )

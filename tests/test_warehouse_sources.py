@@ -6,8 +6,8 @@ import duckdb
 import pytest
 from sqlalchemy import create_engine, make_url
 
-from email_platform import warehouse_sources
-from email_platform.warehouse_sources import SourceUnavailableError, attach, libpq_dsn
+from email_platform.warehouse import scanners
+from email_platform.warehouse.scanners import SourceUnavailableError, attach, libpq_dsn
 
 
 def test_libpq_dsn_quotes_values_and_keeps_socket_and_ssl_options():
@@ -31,11 +31,11 @@ def test_a_missing_extension_names_the_package_to_install(monkeypatch, tmp_path)
     with pytest.raises(
         SourceUnavailableError, match=re.escape("duckdb-extension-sqlite-scanner==0.0.1")
     ):
-        warehouse_sources.extension_file("sqlite_scanner", "duckdb_extension_sqlite_scanner")
+        scanners.extension_file("sqlite_scanner", "duckdb_extension_sqlite_scanner")
     with pytest.raises(
         SourceUnavailableError, match=re.escape("pip install no-such-package==0.0.1")
     ):
-        warehouse_sources.extension_file("x", "no_such_package")
+        scanners.extension_file("x", "no_such_package")
 
 
 def test_attached_sqlite_is_read_only(tmp_path):
@@ -70,7 +70,7 @@ def test_attached_sqlite_keeps_one_scanner_connection_open_without_blocking_writ
     with engine.begin() as connection:  # BEGIN IMMEDIATE: a writer gets through
         connection.exec_driver_sql("INSERT INTO t VALUES (2)")
     assert duck.execute(f"SELECT count(*) FROM {source.table('t')}").fetchone() == (2,)
-    warehouse_sources.detach(duck, source)
+    scanners.detach(duck, source)
     with pytest.raises(duckdb.Error):
         source.keeper.execute("SELECT 1")  # closed with the source
     engine.dispose()
@@ -81,13 +81,14 @@ def test_only_the_refresh_connection_skips_the_signature_check_and_it_fetches_no
     refresh), which is only sound because it can load nothing else: no extension is installed
     or autoloaded on demand there. An analyst's read-only connection keeps DuckDB's checks."""
     from email_platform import warehouse
+    from email_platform.warehouse import files
 
     settings = (
         "SELECT current_setting('allow_unsigned_extensions'), "
         "current_setting('autoinstall_known_extensions'), "
         "current_setting('autoload_known_extensions')"
     )
-    writer = warehouse._connect(tmp_path / "w.duckdb", read_only=False)
+    writer = files._connect(tmp_path / "w.duckdb", read_only=False)
     try:
         assert writer.execute(settings).fetchone() == (True, False, False)
         engine = create_engine(f"sqlite:///{tmp_path / 'app.sqlite3'}")
@@ -99,7 +100,7 @@ def test_only_the_refresh_connection_skips_the_signature_check_and_it_fetches_no
             "WHERE loaded AND install_mode <> 'STATICALLY_LINKED'"
         ).fetchall()
         assert loaded == [("sqlite_scanner",)]
-        warehouse_sources.detach(writer, source)
+        scanners.detach(writer, source)
     finally:
         writer.close()
     reader = warehouse.connect_read_only(tmp_path / "w.duckdb")

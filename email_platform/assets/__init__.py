@@ -1,8 +1,8 @@
-"""Analytics assets (DuckDB): the email funnel, its checks and the sensor that refreshes it."""
+"""Analytics assets (DuckDB): the email funnel and its checks (the sensor that refreshes it is
+in ``email_platform.sensors.analytics``)."""
 
 from email_platform.assets.analytics import (
     analytics_checks,
-    analytics_sensors,
     analytics_warehouse,
     operational_tables,
 )
@@ -14,7 +14,6 @@ analytics_assets: list = [analytics_warehouse, *operational_tables, *analytics_c
 __all__ = [
     "analytics_assets",
     "analytics_checks",
-    "analytics_sensors",
     "analytics_warehouse",
     "operational_tables",
 ]

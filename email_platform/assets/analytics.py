@@ -3,14 +3,13 @@
 A thin shell over ``email_platform.warehouse``: one multi-asset loads and builds every table in
 one step and publishes them together as one snapshot (so ``email_funnel_daily`` never disagrees
 with the ``email_funnel`` an analyst sees next to it); asset checks read that published snapshot
-read-only, exactly as an analyst would; a sensor refreshes it after sends and webhook ingestion.
+read-only, exactly as an analyst would. ``sensors/analytics.py`` refreshes it after sends and
+webhook ingestion.
 """
 
 import base64
-import hashlib
-import json
-import time
-from datetime import UTC, datetime, timedelta
+import os
+from datetime import timedelta
 from pathlib import Path
 
 from dagster import (
@@ -18,20 +17,12 @@ from dagster import (
     AssetCheckSeverity,
     AssetExecutionContext,
     AssetKey,
-    AssetSelection,
     AssetSpec,
-    DagsterRunStatus,
-    DefaultSensorStatus,
     FreshnessPolicy,
     MaterializeResult,
     MetadataValue,
-    RunRequest,
-    RunsFilter,
-    SensorEvaluationContext,
-    SkipReason,
     asset_check,
     multi_asset,
-    sensor,
 )
 
 from email_platform import warehouse as core
@@ -40,18 +31,10 @@ from email_platform.resources.warehouse import Warehouse
 
 ANALYTICS_GROUP = "analytics"
 OPERATIONAL_GROUP = "operational"
-# New sends and webhooks reach the warehouse within about this long (the sensor's interval).
-# How often the sensor looks for new data (the fingerprint is a few indexed max() queries);
-# how often it may start a refresh is the Warehouse resource's refresh_interval_s.
-SENSOR_TICK_S = 10
 # With nothing new, the warehouse is still refreshed this often, so its freshness is provable.
 HEARTBEAT_S = 3600
-RUN_TAGS = {"email/job": "analytics"}
 # A run with this tag set to "true" rebuilds the warehouse from scratch (a reconcile).
 FULL_TAG = "email/analytics_full"
-# Incremental loads re-read a look-back window; a row committed later than that after a newer
-# one would be missed, so the sensor asks for a full rebuild this often (1M messages: seconds).
-RECONCILE_S = 24 * 3600
 
 OPERATIONAL_TABLES = {
     "email_outbox": "Application events published by product code (the outbox).",
@@ -61,65 +44,6 @@ OPERATIONAL_TABLES = {
     "email_events": "Normalized provider events from webhooks, each stored once.",
 }
 
-MODELS: dict[str, tuple[str, list[str]]] = {
-    "stg_events": (
-        "Staging: one row per application event published to the outbox, with its lane, "
-        "status and resolution.",
-        ["email_outbox"],
-    ),
-    "stg_sends": (
-        "Staging: one row per message (event x route) with its template, lane, provider, "
-        "recipient domain (never the address), status and when the provider accepted it.",
-        ["email_messages"],
-    ),
-    "stg_attempts": (
-        "Staging: one row per provider call, with its outcome (accepted, transient, "
-        "permanent), HTTP status and duration.",
-        ["email_attempts"],
-    ),
-    "stg_provider_events": (
-        "Staging: every normalized provider event, each once. Orphans (no matching message) "
-        "have a null message_id.",
-        ["email_events"],
-    ),
-    "stg_deliveries": ("Staging: delivered events.", ["stg_provider_events"]),
-    "stg_opens": (
-        "Staging: open events, with machine opens (mail privacy proxies) flagged.",
-        ["stg_provider_events"],
-    ),
-    "stg_clicks": ("Staging: link clicks.", ["stg_provider_events"]),
-    "stg_bounces": (
-        "Staging: bounces, hard or soft, including bounces after delivery.",
-        ["stg_provider_events"],
-    ),
-    "stg_complaints": ("Staging: spam complaints.", ["stg_provider_events"]),
-    "stg_unsubscribes": ("Staging: unsubscribes.", ["stg_provider_events"]),
-    "stg_dead_letters": (
-        "Staging: dead letters with reason, attempts and status (open, replayed, discarded, "
-        "expired, suppressed).",
-        ["dead_letters"],
-    ),
-    "email_funnel": (
-        "The email funnel: one row per message, every hop joined on event_id. Event type, "
-        "template and version, lane, provider, recipient domain; when the event occurred, was "
-        "published, first attempted, accepted, delivered, first opened by a human, first "
-        "clicked, bounced (and how), complained and unsubscribed; the final status, attempts and "
-        "the latency between steps in seconds.",
-        [
-            "stg_sends",
-            "stg_events",
-            "stg_attempts",
-            "stg_provider_events",
-            "stg_dead_letters",
-        ],
-    ),
-    "email_funnel_daily": (
-        "The funnel per UTC day x template x lane x provider: messages accepted, delivered, "
-        "opened by a human, clicked, bounced, complained, with their rates. Machine opens are "
-        "left out of the open rate and reported apart. Carries a funnel chart per template.",
-        ["email_funnel"],
-    ),
-}
 
 operational_tables = [
     AssetSpec(
@@ -136,18 +60,20 @@ _freshness = FreshnessPolicy.time_window(
 )
 _specs = [
     AssetSpec(
-        name,
+        model.name,
         group_name=ANALYTICS_GROUP,
-        description=description,
-        deps=deps,
+        description=model.description,
+        deps=model.deps,
         kinds={"duckdb"},
         freshness_policy=_freshness,
         metadata={
-            "sql": MetadataValue.path(str(core.ANALYTICS_DIR / f"{name}.sql")),
-            "materialized_as": "view" if name.startswith("stg_") else "table",
+            # analytics/<name>.sql in a checkout (the package's sql symlink resolved), else the
+            # installed package's copy.
+            "sql": MetadataValue.path(os.path.realpath(str(core.sql_file(f"{model.name}.sql")))),
+            "materialized_as": model.materialized_as,
         },
     )
-    for name, (description, deps) in MODELS.items()
+    for model in core.MODELS
 ]
 
 
@@ -175,16 +101,13 @@ def analytics_warehouse(
         + (" (full build)" if summary.full_build else "")
         + f" in {summary.timings_s['total']:.2f}s"
     )
-    for name in MODELS:
+    for name in core.MODEL_NAMES:
         yield MaterializeResult(asset_key=AssetKey(name), metadata=_metadata(name, summary))
 
 
+# The staging models that read an operational table directly: their metadata counts its rows.
 _SOURCE_OF = {
-    "stg_events": "email_outbox",
-    "stg_sends": "email_messages",
-    "stg_attempts": "email_attempts",
-    "stg_provider_events": "email_events",
-    "stg_dead_letters": "dead_letters",
+    model.name: dep for model in core.MODELS for dep in model.deps if dep in core.SOURCES_BY_NAME
 }
 
 
@@ -351,79 +274,3 @@ analytics_checks = [
     bounce_rate_under_threshold,
     complaint_rate_under_threshold,
 ]
-
-
-# ---------------------------------------------------------------------------------------------
-# Automation
-
-
-_IN_FLIGHT = [
-    DagsterRunStatus.QUEUED,
-    DagsterRunStatus.NOT_STARTED,
-    DagsterRunStatus.STARTING,
-    DagsterRunStatus.STARTED,
-]
-analytics_selection = AssetSelection.assets(analytics_warehouse)
-
-
-@sensor(
-    name="analytics_refresh_sensor",
-    asset_selection=analytics_selection,
-    minimum_interval_seconds=SENSOR_TICK_S,
-    default_status=DefaultSensorStatus.RUNNING,
-    description=(
-        "Refreshes the DuckDB warehouse (the analytics group and its checks) after new sends, "
-        "attempts, webhooks or dead-letter changes: at most once per the warehouse resource's "
-        "refresh_interval_s (EMAIL_PLATFORM_ANALYTICS_REFRESH_S, default 60 s) while data keeps "
-        f"coming, and at least every {HEARTBEAT_S // 60} minutes; once a day it rebuilds from "
-        "scratch to catch rows committed after the incremental look-back. A failed refresh is "
-        "retried after the interval. One at a time."
-    ),
-)
-def analytics_refresh_sensor(
-    context: SensorEvaluationContext, app_database: AppDatabase, warehouse: Warehouse
-) -> RunRequest | SkipReason:
-    cursor = json.loads(context.cursor) if context.cursor else {}
-    fingerprint = core.operational_fingerprint(app_database.get_engine())
-    now = time.time()
-    since_last = now - cursor.get("requested_at", 0)
-    due = since_last >= HEARTBEAT_S
-    latest = context.instance.get_runs(filters=RunsFilter(tags=RUN_TAGS), limit=1)
-    # A refresh that failed loaded nothing (it commits all or nothing): try again, and if it
-    # was the daily full rebuild, that again, rather than wait for new data or the next day.
-    failed = bool(latest) and latest[0].status == DagsterRunStatus.FAILURE
-    if fingerprint == cursor.get("fingerprint") and not due and not failed:
-        return SkipReason("Nothing new in the operational tables since the last refresh.")
-    interval = warehouse.resolved_refresh_interval_s()
-    if since_last < interval:
-        return SkipReason(
-            f"New data; the next refresh may start in {interval - since_last:.0f}s "
-            f"(refresh_interval_s={interval:g})."
-        )
-    running = context.instance.get_runs(
-        filters=RunsFilter(tags=RUN_TAGS, statuses=_IN_FLIGHT), limit=1
-    )
-    if running:
-        return SkipReason(f"Refresh run {running[0].run_id} is still in flight.")
-    # The first refresh builds from scratch anyway; count the reconcile period from it.
-    full = now - cursor.get("full_at", now) >= RECONCILE_S or (
-        failed and latest[0].tags.get(FULL_TAG) == "true"
-    )
-    context.update_cursor(
-        json.dumps(
-            {
-                "fingerprint": fingerprint,
-                "requested_at": now,
-                "full_at": now if full else cursor.get("full_at", now),
-            }
-        )
-    )
-    stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%dT%H%M%S")
-    return RunRequest(
-        run_key=f"analytics:{stamp}:{hashlib.sha256(fingerprint.encode()).hexdigest()[:8]}",
-        asset_selection=list(analytics_warehouse.keys),
-        tags={**RUN_TAGS, FULL_TAG: "true"} if full else RUN_TAGS,
-    )
-
-
-analytics_sensors = [analytics_refresh_sensor]
