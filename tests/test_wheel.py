@@ -45,7 +45,7 @@ CHILD = textwrap.dedent(
     from email_platform.recipients import NoResolver
     from email_platform.rendering import TemplateRenderer
     from email_platform.routes import default_routes
-    from email_platform.sending import BatchSender
+    from email_platform.sending.batch import BatchSender
 
     url, warehouse_path = sys.argv[1:]
 
