@@ -592,3 +592,25 @@ def test_killed_worker_run_is_released_and_nothing_is_sent_twice(engine, databas
     for event_id in ids:
         assert event(engine, event_id).status == "done"
         assert [a.outcome for a in attempts_of(engine, event_id)] == ["accepted"]
+
+
+def test_a_batch_whose_claim_was_taken_over_is_not_sent_from_the_old_run(engine, sandbox):
+    """Fencing: between preparing and sending, another run took the claim (this one looked
+    dead). The old run sends nothing for those events; the new owner sends each once."""
+    ids = [signup(engine, f"f{i}") for i in range(6)]
+    provider = SandboxProvider(sandbox.base_url, batch_max=10)
+    lane = DEFAULT_LANE_CONFIGS[Lane.TRANSACTIONAL]
+    old = batch_sender(engine, provider, lane)
+    prepared = old.claim(ids, run_id="old-run")
+    assert len(prepared.work) == 6
+    with engine.begin() as connection:  # the run-failure sensor released it; another took it
+        outbox.release_run(connection, "old-run")
+        taken = outbox.claim(connection, ids[:4], run_id="new-run", lease_s=60, now=utcnow())
+    assert len(taken) == 4
+    outcome = old.deliver(prepared, run_id="old-run")
+    assert outcome.sent == 0  # it held none of them any more
+    new = batch_sender(engine, provider, lane)
+    assert new.run(ids, run_id="new-run").sent == 6
+    keys = [m["idempotency_key"] for m in sandbox_messages(sandbox.base_url)]
+    assert len(keys) == 6 == len(set(keys))
+    provider.close()

@@ -54,6 +54,10 @@ def stop_check(
             run = instance.get_run_by_id(run_id)
             if run is not None and run.status in CANCEL_STATUSES:
                 state["reason"] = "canceled"
+            elif run is not None and run.status == DagsterRunStatus.FAILURE:
+                # The run was declared dead (its run process died) and its claims released:
+                # a step process left behind must stop instead of sending beside a successor.
+                state["reason"] = "run_failed"
             # An ephemeral instance (tests, in-process runs) has no sensors to stop.
             elif instance.schedule_storage is not None and any(
                 # Dagster exports no public name for the instigator enums: compare their values.

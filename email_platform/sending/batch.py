@@ -167,17 +167,38 @@ class BatchSender:
         outcome.dead += 1
 
     def deliver(self, batch: ClaimedBatch, *, run_id: str) -> BatchOutcome:
-        """Send a claimed batch's messages, record every outcome, settle its events."""
+        """Send a claimed batch's messages, record every outcome, settle its events.
+
+        Fenced: only messages of events this run still holds are sent. A claim can be lost
+        between preparing and sending (a lane worker prepares its next batch while the last one
+        is with the provider; a run that looked dead had its claims released and taken by
+        another), and then the other run sends them, not this one.
+        """
         if batch.events:
             outcome = batch.outcome
+            work = self._still_held(batch.work, run_id)
             self.dispatcher.send_all(
                 self.provider,
-                batch.work,
+                work,
                 record=lambda group: self.recorder.record_group(group, run_id, outcome),
                 salvage=lambda leftovers: self.recorder.salvage(leftovers, run_id, outcome),
             )
             self.recorder.finish_events(batch.events, run_id, outcome)
         return batch.outcome
+
+    def _still_held(self, work: list[Work], run_id: str) -> list[Work]:
+        if not work:
+            return work
+        with self.engine.connect() as connection:
+            held = outbox.held_by(connection, sorted({w.message.event_id for w in work}), run_id)
+        kept = [w for w in work if w.message.event_id in held]
+        if len(kept) < len(work):
+            lost = sorted({w.message.event_id for w in work} - held)
+            self.log.warning(
+                f"{len(lost)} event(s) are no longer held by this run (first_event_id="
+                f"{lost[0]}): another run has them; their messages are not sent from here"
+            )
+        return kept
 
     def give_up(self, message_ids: Sequence[int], *, run_id: str) -> int:
         """Retries are exhausted: every still-pending message becomes a dead letter."""

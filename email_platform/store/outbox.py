@@ -153,6 +153,22 @@ def claim(
     return sorted(claimed, key=lambda row: (row.published_at, row.event_id))
 
 
+def held_by(connection: Connection, event_ids: Sequence[str], run_id: str) -> set[str]:
+    """The given events that ``run_id`` still holds: in flight under its claim."""
+    held: set[str] = set()
+    for chunk in _chunks(event_ids, 500):
+        held.update(
+            connection.execute(
+                select(outbox.c.event_id).where(
+                    one_of(connection, outbox.c.event_id, chunk),
+                    outbox.c.claimed_by == run_id,
+                    outbox.c.status == IN_FLIGHT,
+                )
+            ).scalars()
+        )
+    return held
+
+
 def extend_lease(
     connection: Connection, event_ids: Sequence[str], run_id: str, until: datetime
 ) -> None:
