@@ -4,6 +4,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from email.utils import parseaddr
 from typing import Protocol, runtime_checkable
 
 from email_platform.errors import DeliveryError, PermanentError
@@ -88,6 +89,18 @@ def header_problem(email: OutgoingEmail) -> PermanentError | None:
     raw or RFC 2047 encoded. Every adapter checks this before it builds a request, whatever
     was checked upstream, so no adapter's wire output can carry an injected header."""
     fields = [("sender", email.sender), ("to", email.to), ("subject", email.subject)]
+    # Adapters re-parse addresses (``parseaddr`` strips quotes and group names), so the parts
+    # they write are checked as well as the whole.
+    for field_name, address in (("sender", email.sender), ("to", email.to)):
+        display_name, addr_spec = parseaddr(address)
+        fields += [(f"{field_name} name", display_name), (f"{field_name} address", addr_spec)]
+        bracketed = address.rpartition("<")[2].partition(">")[0] if "<" in address else None
+        if bracketed is not None and bracketed.strip() != addr_spec:
+            return PermanentError(
+                f"{field_name} {address!r} parses as {addr_spec!r}, not the address it shows",
+                code="ambiguous_address",
+            )
+    fields += [("event_id", email.event_id), ("idempotency_key", email.idempotency_key)]
     fields += [(f"header {name!r}", name) for name in email.headers]
     fields += [(f"header {name!r}", value) for name, value in email.headers.items()]
     for field_name, value in fields:

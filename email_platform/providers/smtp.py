@@ -216,7 +216,12 @@ class SmtpProvider:
 
     def send(self, email: OutgoingEmail) -> Accepted:
         message, envelope_from = self.build_message(email)
-        payload = message.as_bytes(policy=SMTP_POLICY)
+        try:
+            payload = message.as_bytes(policy=SMTP_POLICY)
+        except (UnicodeError, ValueError) as exc:  # a header the library cannot write out
+            raise PermanentError(
+                f"the message cannot be serialized: {exc}", code="unencodable_text"
+            ) from exc
         self.limiter.acquire()
         try:
             self._deliver(envelope_from, email.to, payload)
