@@ -667,7 +667,7 @@ ORDINARY_VALUES = [
     pytest.param("Your order #1042 has shipped", id="plain-ascii"),
     pytest.param("Invoice\tMarch 2026", id="tab"),
     pytest.param(CLEAN_SUBJECT, id="non-ascii"),
-    pytest.param("Jérôme Müller <jerome@example.com>", id="non-ascii-display-name"),
+    pytest.param("Jérôme Müller", id="non-ascii-display-name"),
     pytest.param("Zoë 日本語 Ñandú — 50% off!", id="mixed-scripts"),
     pytest.param("=?utf-8?q?J=C3=A9r=C3=B4me?=", id="q-encoded-word"),
     pytest.param("=?utf-8?b?SsOpcsO0bWUncyBjYWbDqSDimJU=?=", id="b-encoded-word"),
@@ -679,6 +679,12 @@ ORDINARY_VALUES = [
     pytest.param("=?x-unknown?q?abc?=", id="unknown-charset"),
     pytest.param("", id="empty"),
 ]
+
+
+def test_a_display_name_hiding_another_address_is_refused() -> None:
+    # parseaddr reads the first address, so adapters would send from jerome@, not no-reply@.
+    problem = header_problem(outgoing(sender="Jérôme <jerome@example.com> <no-reply@example.com>"))
+    assert problem is not None and problem.code == "ambiguous_address"
 
 
 @pytest.mark.parametrize("value", ORDINARY_VALUES)
@@ -735,3 +741,21 @@ def test_smtp_sends_ordinary_messages(smtp: SmtpHarness) -> None:
         assert str(received.message["Subject"]) == message.subject
     assert str(received.message["X-Campaign"]) == "Jérôme"  # decoded, re-encoded, intact
     _assert_no_bcc_line_anywhere(smtp.stub)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        # parseaddr strips the quotes: the adapter would write the encoded line break as a name.
+        {"sender": '"=?utf-8?q?=0D=0ABcc=3A_evil=40attacker=2Eexample" <no-reply@example.com>'},
+        # parseaddr drops a group name, exposing the same.
+        {"sender": "Team:=?utf-8?q?=0D=0ABcc=3A_evil=40attacker=2Eexample <no-reply@example.com>"},
+        # SMTP and SES write these two as headers of their own.
+        {"idempotency_key": "=?utf-8?q?k=0D=0ABcc:_evil@attacker.example?="},
+        {"event_id": "01J\r\nBcc: evil@attacker.example"},
+    ],
+    ids=["quoted-display-name", "group-name", "idempotency-key", "event-id"],
+)
+def test_what_adapters_re_parse_or_write_as_headers_is_checked_too(changes) -> None:  # type: ignore[no-untyped-def]
+    problem = header_problem(outgoing(**changes))
+    assert problem is not None and problem.code == "header_injection", problem

@@ -89,14 +89,15 @@ def header_problem(email: OutgoingEmail) -> PermanentError | None:
     raw or RFC 2047 encoded. Every adapter checks this before it builds a request, whatever
     was checked upstream, so no adapter's wire output can carry an injected header."""
     fields = [("sender", email.sender), ("to", email.to), ("subject", email.subject)]
+    ambiguous: PermanentError | None = None
     # Adapters re-parse addresses (``parseaddr`` strips quotes and group names), so the parts
     # they write are checked as well as the whole.
     for field_name, address in (("sender", email.sender), ("to", email.to)):
         display_name, addr_spec = parseaddr(address)
         fields += [(f"{field_name} name", display_name), (f"{field_name} address", addr_spec)]
         bracketed = address.rpartition("<")[2].partition(">")[0] if "<" in address else None
-        if bracketed is not None and bracketed.strip() != addr_spec:
-            return PermanentError(
+        if ambiguous is None and bracketed is not None and bracketed.strip() != addr_spec:
+            ambiguous = PermanentError(
                 f"{field_name} {address!r} parses as {addr_spec!r}, not the address it shows",
                 code="ambiguous_address",
             )
@@ -107,4 +108,4 @@ def header_problem(email: OutgoingEmail) -> PermanentError | None:
         reason = unsafe_header_reason(value)
         if reason is not None:
             return PermanentError(f"{field_name} {reason}", code="header_injection")
-    return None
+    return ambiguous
