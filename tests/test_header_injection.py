@@ -759,3 +759,25 @@ def test_smtp_sends_ordinary_messages(smtp: SmtpHarness) -> None:
 def test_what_adapters_re_parse_or_write_as_headers_is_checked_too(changes) -> None:  # type: ignore[no-untyped-def]
     problem = header_problem(outgoing(**changes))
     assert problem is not None and problem.code == "header_injection", problem
+
+
+_NEAR_ADDRESS = st.builds(
+    lambda lead, name, addr, trail, bracketed: (
+        f"{lead}{name} <{addr}>{trail}" if bracketed else f"{lead}{addr}{trail}"
+    ),
+    st.sampled_from(["", " ", "  ", "\t", "\x0c"]),
+    st.text(alphabet=list("abé .'-_\"()0\t"), max_size=12),
+    st.text(alphabet=list("ab.@-+_0'"), min_size=1, max_size=12),
+    st.sampled_from(["", " ", "\t", "\n", "\x0c"]),
+    st.booleans(),
+)
+
+
+@given(st.text(max_size=40) | _NEAR_ADDRESS)
+@settings(max_examples=1500, deadline=None)
+def test_the_address_fast_path_reads_what_parseaddr_reads(address: str) -> None:
+    from email.utils import parseaddr
+
+    from email_platform.providers.base import _address_parts
+
+    assert _address_parts(address) == parseaddr(address)

@@ -1,5 +1,6 @@
 """What every provider adapter takes and returns."""
 
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -93,7 +94,7 @@ def header_problem(email: OutgoingEmail) -> PermanentError | None:
     # Adapters re-parse addresses (``parseaddr`` strips quotes and group names), so the parts
     # they write are checked as well as the whole.
     for field_name, address in (("sender", email.sender), ("to", email.to)):
-        display_name, addr_spec = parseaddr(address)
+        display_name, addr_spec = _address_parts(address)
         fields += [(f"{field_name} name", display_name), (f"{field_name} address", addr_spec)]
         bracketed = address.rpartition("<")[2].partition(">")[0] if "<" in address else None
         if ambiguous is None and bracketed is not None and bracketed.strip() != addr_spec:
@@ -109,3 +110,21 @@ def header_problem(email: OutgoingEmail) -> PermanentError | None:
         if reason is not None:
             return PermanentError(f"{field_name} {reason}", code="header_injection")
     return ambiguous
+
+
+_ATOM = r"[A-Za-z0-9!#$%&'*+/^_`{|}~-]+"
+_ADDR = rf"{_ATOM}(?:\.{_ATOM})*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*"
+_SIMPLE_ADDRESS = re.compile(
+    rf"( *(?P<name>[\w.'-]+(?: [\w.'-]+)*) *<(?P<bracketed>{_ADDR})>| *(?P<bare>{_ADDR})) *"
+)
+
+
+def _address_parts(address: str) -> tuple[str, str]:
+    """``parseaddr(address)``, without its cost (~50 us) for the plain ``Name <a@b>`` and
+    ``a@b`` forms, where nothing (quotes, comments, groups, encoded words) can make it differ."""
+    match = _SIMPLE_ADDRESS.fullmatch(address)
+    if match is None:
+        return parseaddr(address)
+    if match["bracketed"] is not None:
+        return match["name"], match["bracketed"]
+    return "", match["bare"]
