@@ -30,40 +30,12 @@ from bench.harness import (
 from bench.measure import ProcessSampler, dagster_storage, measure_app_db
 from bench.workload import CriticalTrickle, publish_backlog
 from email_platform.lanes import LANES
-from email_platform.local.dagster_home import DaemonProcess, prepare_home
-
-DAGSTER_YAML = """\
-storage:
-  postgres:
-    postgres_db:
-      hostname: {host}
-      port: {port}
-      username: {user}
-      password: ""
-      db_name: {db}
-      # psycopg 3 rejects dagster-postgres's parameterized NOTIFY; psycopg2 works.
-      scheme: postgresql+psycopg2
-run_queue:
-  max_concurrent_runs: {max_runs}
-  dequeue_interval_seconds: 1
-  dequeue_use_threads: true
-  tag_concurrency_limits:
-    - key: email/lane
-      value: bulk
-      limit: {bulk_runs}
-    - key: email/lane
-      value: transactional
-      limit: {bulk_runs}
-run_monitoring:
-  enabled: true
-  poll_interval_seconds: 5
-  start_timeout_seconds: 180
-sensors:
-  use_threads: true
-  num_workers: 4
-telemetry:
-  enabled: false
-"""
+from email_platform.local.dagster_home import (
+    DaemonProcess,
+    PostgresStorage,
+    prepare_home,
+    render_dagster_yaml,
+)
 
 
 @dataclass
@@ -188,13 +160,18 @@ def run_dagster(
         home = work / "dagster_home"
         home.mkdir()
         (home / "dagster.yaml").write_text(
-            DAGSTER_YAML.format(
-                host=pg.host,
-                port=pg.port or 5432,
-                user=pg.username or "postgres",
-                db=dagster_db,
+            render_dagster_yaml(
                 max_runs=settings.bulk_runs + 2,
                 bulk_runs=settings.bulk_runs,
+                transactional_runs=settings.bulk_runs,
+                # What the bench always used (as deploy/dagster.yaml does); the demo's is 120 s.
+                start_timeout_s=180,
+                postgres=PostgresStorage(
+                    hostname=pg.host,
+                    port=pg.port or 5432,
+                    username=pg.username or "postgres",
+                    db_name=dagster_db,
+                ),
             )
         )
         prepare_home(home)
