@@ -1,8 +1,10 @@
-"""A local Dagster instance for the demo and end-to-end tests: dagster.yaml, workspace, daemon.
+"""A local Dagster instance for the demo, end-to-end tests and the send benchmark: dagster.yaml,
+workspace, daemon.
 
 Production uses ``deploy/dagster.yaml`` (PostgreSQL storage); this one keeps everything in
-local files under ``DAGSTER_HOME`` and uses the same run queue shape: per-lane tag limits so
-critical mail always has a free run slot, and ``dagster/priority`` to dequeue it first.
+local files under ``DAGSTER_HOME`` by default (the benchmark asks for PostgreSQL storage) and
+uses the same run queue shape: per-lane tag limits so critical mail always has a free run slot,
+and ``dagster/priority`` to dequeue it first.
 """
 
 import contextlib
@@ -12,18 +14,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
 
-DAGSTER_YAML = """\
+_DAGSTER_YAML = """\
 # Written by email-platform for local runs. Production: see deploy/dagster.yaml.
-run_queue:
+{storage}run_queue:
   max_concurrent_runs: {max_runs}
   dequeue_interval_seconds: 1
   dequeue_use_threads: true
   tag_concurrency_limits:
-    # Bulk and transactional never take every slot: critical always has room.
-    - key: email/lane
+{reserve_note}    - key: email/lane
       value: bulk
       limit: {bulk_runs}
     - key: email/lane
@@ -32,12 +34,29 @@ run_queue:
 run_monitoring:
   enabled: true
   poll_interval_seconds: 5
-  start_timeout_seconds: 120
+  start_timeout_seconds: {start_timeout_s}
 sensors:
   use_threads: true
   num_workers: 4
 telemetry:
   enabled: false
+"""
+
+_RESERVE_NOTE = """\
+    # Bulk and transactional never take every slot: critical always has room.
+"""
+
+_POSTGRES_STORAGE = """\
+storage:
+  postgres:
+    postgres_db:
+      hostname: {hostname}
+      port: {port}
+      username: {username}
+      password: ""
+      db_name: {db_name}
+      # psycopg 3 rejects dagster-postgres's parameterized NOTIFY; psycopg2 works.
+      scheme: postgresql+psycopg2
 """
 
 WORKSPACE_YAML = """\
@@ -48,18 +67,52 @@ load_from:
 """
 
 
+@dataclass(frozen=True)
+class PostgresStorage:
+    """Run, event-log and schedule storage in one PostgreSQL database (dagster-postgres).
+
+    No password: the local servers this is for (the benchmark's) use trust auth.
+    """
+
+    hostname: str
+    db_name: str
+    port: int = 5432
+    username: str = "postgres"
+
+
+def render_dagster_yaml(
+    *,
+    max_runs: int = 6,
+    bulk_runs: int | None = None,
+    transactional_runs: int | None = None,
+    start_timeout_s: int = 120,
+    postgres: PostgresStorage | None = None,
+) -> str:
+    """The local instance's dagster.yaml; the defaults are the demo's.
+
+    ``bulk_runs`` and ``transactional_runs`` default to a third and a half of ``max_runs``;
+    ``postgres`` replaces the local-file storage under ``DAGSTER_HOME``.
+    """
+    bulk_runs = max(1, max_runs // 3) if bulk_runs is None else bulk_runs
+    transactional_runs = max(1, max_runs // 2) if transactional_runs is None else transactional_runs
+    storage = "" if postgres is None else _POSTGRES_STORAGE.format(**asdict(postgres))
+    return _DAGSTER_YAML.format(
+        storage=storage,
+        max_runs=max_runs,
+        # Say critical has a reserve only when these limits leave it one.
+        reserve_note=_RESERVE_NOTE if bulk_runs + transactional_runs < max_runs else "",
+        bulk_runs=bulk_runs,
+        transactional_runs=transactional_runs,
+        start_timeout_s=start_timeout_s,
+    )
+
+
 def prepare_home(home: Path, *, max_runs: int = 6) -> Path:
     """Create ``home`` with a dagster.yaml and workspace.yaml (kept if already there)."""
     home.mkdir(parents=True, exist_ok=True)
     dagster_yaml = home / "dagster.yaml"
     if not dagster_yaml.exists():
-        dagster_yaml.write_text(
-            DAGSTER_YAML.format(
-                max_runs=max_runs,
-                bulk_runs=max(1, max_runs // 3),
-                transactional_runs=max(1, max_runs // 2),
-            )
-        )
+        dagster_yaml.write_text(render_dagster_yaml(max_runs=max_runs))
     workspace = home / "workspace.yaml"
     if not workspace.exists():
         workspace.write_text(WORKSPACE_YAML)

@@ -1,0 +1,322 @@
+"""The systems the send benchmark compares, each run on a fresh database and sandbox: Dagster
+(lane workers or batch runs), the Celery baseline and the bare-loop ceiling."""
+
+import contextlib
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from bench.harness import (
+    BIN,
+    PG_SERVER,
+    REDIS_URL,
+    Sandbox,
+    create_database,
+    drop_database,
+    prepare_app_db,
+    wait_drained,
+    wait_first_sent,
+)
+from bench.measure import ProcessSampler, dagster_storage, measure_app_db
+from bench.workload import CriticalTrickle, publish_backlog
+from email_platform.lanes import LANES
+from email_platform.local.dagster_home import (
+    DaemonProcess,
+    PostgresStorage,
+    prepare_home,
+    render_dagster_yaml,
+)
+
+
+@dataclass
+class Settings:
+    events: int
+    critical_per_s: float
+    batch_size: int
+    concurrency: int
+    bulk_runs: int
+    timeout_s: float
+    workdir: Path
+    #: Messages per sandbox call for Dagster and the ceiling (1 = a call per message).
+    provider_batch: int = 100
+    users_n: int = 500
+
+
+@dataclass
+class Result:
+    system: str
+    events: int
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+def _drive(
+    name: str,
+    settings: Settings,
+    events: int,
+    start: Callable[[str, str, Path], tuple[Callable[[], bool], Callable[[], None], list[int]]],
+    critical_per_s: float,
+    storage: Callable[[], tuple[int, int]] | None = None,
+) -> Result:
+    """Fresh database + sandbox, start the system, publish, wait, measure, tear down."""
+    stamp = f"{name.replace('-', '_')}_{os.getpid()}_{int(time.time())}"
+    db_name = f"bench_app_{stamp}"
+    app_url = create_database(db_name)
+    engine = prepare_app_db(app_url, settings.users_n)
+    work = settings.workdir / stamp
+    work.mkdir(parents=True)
+    sandbox = Sandbox(work / "sandbox.log")
+    sampler = ProcessSampler()
+    stop: Callable[[], None] = lambda: None  # noqa: E731
+    try:
+        alive, stop, pids = start(app_url, sandbox.url, work)
+        for pid in pids:
+            sampler.watch(pid)
+        sampler.start()
+        storage_before = storage() if storage else (0, 0)
+        # Steady state first: the critical trickle runs until its first mail is accepted (the
+        # lane is live, as it is in production), then the backlog lands on top of it.
+        trickle = CriticalTrickle(engine, critical_per_s, settings.users_n).start()
+        warmup_s = wait_first_sent(engine, settings.timeout_s, alive) if critical_per_s else 0.0
+        print(f"  {name}: publishing {events} bulk events ...", file=sys.stderr, flush=True)
+        publish_s = publish_backlog(engine, events)
+        # The critical trickle runs while the bulk backlog drains.
+        drained = wait_drained(engine, settings.timeout_s, alive, lane="bulk")
+        trickle.stop()
+        drained = drained and wait_drained(engine, settings.timeout_s, alive)
+        sampler.stop()
+        storage_after = storage() if storage else (0, 0)
+        figures = measure_app_db(engine)
+        stats = sandbox.stats()
+    finally:
+        stop()
+        sandbox.stop()
+        engine.dispose()
+        drop_database(db_name)
+    sent = max(1, figures["sent"] + figures.get("warmup_sent", 0))
+    figures.update(
+        drained=drained,
+        warmup_s=warmup_s,
+        publish_s=publish_s,
+        critical_published=trickle.published,
+        cpu_s=sampler.cpu_s,
+        cpu_s_per_1k=sampler.cpu_s / sent * 1000,
+        cpu_s_by_kind={k: round(v, 1) for k, v in sampler.cpu_s_by_kind().items()},
+        peak_rss_mb=sampler.peak_rss_mb("run_worker") or sampler.peak_rss_mb(),
+        peak_rss_any_mb=sampler.peak_rss_mb(),
+        provider_accepted=stats.get("accepted"),
+        provider_requests=stats.get("requests"),
+    )
+    if storage:
+        figures["storage_bytes_per_email"] = (storage_after[0] - storage_before[0]) / sent
+        figures["event_log_bytes_per_email"] = (storage_after[1] - storage_before[1]) / sent
+    return Result(name, events, figures)
+
+
+LANE_NAMES = [lane.value for lane in LANES]
+
+
+def run_dagster(
+    settings: Settings,
+    events: int,
+    batch_size: int,
+    name: str,
+    critical_per_s: float,
+    *,
+    workers: bool = True,
+    provider_batch: int | None = None,
+) -> Result:
+    dagster_db = f"bench_dagster_{os.getpid()}_{int(time.time())}_{batch_size}"
+    dagster_url = create_database(dagster_db)
+    pg = httpx.URL(PG_SERVER.replace("postgresql+psycopg", "http"))
+    runs_per_tick = max(2, math.ceil(max(events, 1) / batch_size)) if batch_size > 1 else 50
+    lanes: dict[str, dict[str, Any]] = {
+        "bulk": {
+            "batch_size": batch_size,
+            "concurrency": settings.concurrency,
+            "max_runs_per_tick": min(runs_per_tick, 50),
+            "workers": settings.bulk_runs,
+            # Resident and waiting before the backlog lands, as the Celery worker and the
+            # ceiling loop are: the comparison is of sending, not of starting a process.
+            "warm_workers": settings.bulk_runs,
+        },
+    }
+    if not workers:
+        lanes = {
+            lane: {**lanes.get(lane, {}), "workers": 0, "warm_workers": 0} for lane in LANE_NAMES
+        }
+    daemon_box: dict[str, DaemonProcess] = {}
+
+    def start(app_url: str, sandbox_url: str, work: Path):  # type: ignore[no-untyped-def]
+        home = work / "dagster_home"
+        home.mkdir()
+        (home / "dagster.yaml").write_text(
+            render_dagster_yaml(
+                max_runs=settings.bulk_runs + 2,
+                bulk_runs=settings.bulk_runs,
+                transactional_runs=settings.bulk_runs,
+                # What the bench always used (as deploy/dagster.yaml does); the demo's is 120 s.
+                start_timeout_s=180,
+                postgres=PostgresStorage(
+                    hostname=pg.host,
+                    port=pg.port or 5432,
+                    username=pg.username or "postgres",
+                    db_name=dagster_db,
+                ),
+            )
+        )
+        prepare_home(home)
+        env = {
+            "EMAIL_PLATFORM_HOME": str(work),
+            "EMAIL_PLATFORM_DATABASE_URL": app_url,
+            "EMAIL_PLATFORM_PROVIDER": "sandbox",
+            "EMAIL_PLATFORM_SANDBOX_BASE_URL": sandbox_url,
+            "EMAIL_PLATFORM_SANDBOX_BATCH_MAX": str(provider_batch or settings.provider_batch),
+            "EMAIL_PLATFORM_LANES": json.dumps(lanes),
+        }
+        daemon = DaemonProcess(home, env).start()
+        daemon_box["d"] = daemon
+        if not daemon.wait_until_ticking(timeout_s=120):
+            daemon.stop()
+            raise RuntimeError(f"dagster-daemon did not come up; see {daemon.log_path}")
+        assert daemon.process is not None
+        root = daemon.process.pid
+
+        def stop() -> None:
+            # The daemon's code server can outlive it: reap the whole tree.
+            try:
+                tree = psutil.Process(root).children(recursive=True)
+            except psutil.Error:
+                tree = []
+            daemon.stop()
+            for proc in tree:
+                with contextlib.suppress(psutil.Error):
+                    proc.terminate()
+            psutil.wait_procs(tree, timeout=10)
+
+        return daemon.alive, stop, [root]
+
+    try:
+        result = _drive(
+            name,
+            settings,
+            events,
+            start,
+            critical_per_s,
+            storage=lambda: dagster_storage(dagster_url),
+        )
+    finally:
+        if "d" in daemon_box:
+            daemon_box["d"].stop()
+        drop_database(dagster_db)
+    result.figures["batch_size"] = batch_size
+    return result
+
+
+def _spawn(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        command,
+        env={**os.environ, **env},
+        stdout=open(log, "ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def _terminate(*processes: subprocess.Popen) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def run_ceiling(settings: Settings) -> Result:
+    def start(app_url: str, sandbox_url: str, work: Path):  # type: ignore[no-untyped-def]
+        process = _spawn(
+            [
+                sys.executable,
+                "-m",
+                "bench.ceiling",
+                "--database-url",
+                app_url,
+                "--sandbox-url",
+                sandbox_url,
+                "--batch-size",
+                str(settings.batch_size),
+                "--concurrency",
+                str(settings.concurrency),
+                "--provider-batch",
+                str(settings.provider_batch),
+            ],
+            {},
+            work / "ceiling.log",
+        )
+        return (lambda: process.poll() is None), (lambda: _terminate(process)), [process.pid]
+
+    return _drive("ceiling", settings, settings.events, start, settings.critical_per_s)
+
+
+def run_celery(settings: Settings) -> Result:
+    import redis
+
+    redis.Redis.from_url(REDIS_URL).flushdb()
+
+    def start(app_url: str, sandbox_url: str, work: Path):  # type: ignore[no-untyped-def]
+        ready = work / "celery.ready"
+        env = {
+            "BENCH_DATABASE_URL": app_url,
+            "BENCH_SANDBOX_URL": sandbox_url,
+            "BENCH_REDIS_URL": REDIS_URL,
+            "BENCH_CONCURRENCY": str(settings.concurrency),
+            "BENCH_BATCH_SIZE": str(settings.batch_size),
+            "BENCH_READY_FILE": str(ready),
+        }
+        worker = _spawn(
+            [
+                str(BIN / "celery"),
+                "-A",
+                "bench.baseline_celery",
+                "worker",
+                "--pool",
+                "threads",
+                "-c",
+                str(settings.concurrency),
+                "--loglevel",
+                "WARNING",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ],
+            env,
+            work / "celery_worker.log",
+        )
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            if time.monotonic() > deadline or worker.poll() is not None:
+                _terminate(worker)
+                raise RuntimeError(f"celery worker did not come up; see {work}")
+            time.sleep(0.2)
+        relay = _spawn(
+            [sys.executable, "-m", "bench.baseline_celery", "relay"], env, work / "relay.log"
+        )
+
+        def alive() -> bool:
+            return worker.poll() is None and relay.poll() is None
+
+        return alive, (lambda: _terminate(relay, worker)), [worker.pid, relay.pid]
+
+    return _drive("celery", settings, settings.events, start, settings.critical_per_s)
