@@ -151,10 +151,7 @@ def in_process(
     """
     from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane
     from email_platform.providers.sandbox import SandboxProvider
-    from email_platform.recipients import SqlDirectoryResolver
-    from email_platform.rendering import TemplateRenderer
-    from email_platform.routes import default_routes
-    from email_platform.sending.batch import BatchSender
+    from email_platform.sending.batch import build_sender
 
     stamp = f"{prefix}_{os.getpid()}_{int(time.time())}"
     db_name = f"bench_app_{stamp}"
@@ -171,12 +168,9 @@ def in_process(
             timeout_s=30,
             batch_max=args.provider_batch,
         )
-        sender = BatchSender(
+        sender = build_sender(
             engine=engine,
             provider=provider,
-            renderer=TemplateRenderer(),
-            routes=default_routes(),
-            resolver=SqlDirectoryResolver(engine),
             lane=lane,
             sender_address="Bench <no-reply@example.com>",
         )
