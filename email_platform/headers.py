@@ -58,7 +58,9 @@ def _legacy_decoded(value: str) -> str:
         if isinstance(part, bytes):
             try:
                 decoded.append(part.decode(charset or "ascii", errors="replace"))
-            except LookupError:  # an unknown charset name: read the bytes as Latin-1
+            except (LookupError, UnicodeError, TypeError, ValueError):
+                # An unknown charset, or a codec that refuses errors="replace" (idna,
+                # punycode): read the bytes as Latin-1, which maps every byte.
                 decoded.append(part.decode("latin-1"))
         else:
             decoded.append(part)

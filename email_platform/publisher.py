@@ -27,6 +27,14 @@ def _shipped_routes() -> RouteTable:
     return default_routes()
 
 
+def _routes(routes: object) -> RouteTable:
+    if routes is None:
+        return _shipped_routes()
+    if not isinstance(routes, RouteTable):
+        raise TypeError(f"routes must be a RouteTable, got {type(routes).__name__}")
+    return routes
+
+
 def publish(
     connection: Connection | Session,
     *,
@@ -49,7 +57,7 @@ def publish(
     caller's transaction rolls back, the event never existed.
     """
     row = _event_row(
-        routes or _shipped_routes(),
+        _routes(routes),
         utcnow(),
         event_type=event_type,
         aggregate_id=aggregate_id,
@@ -82,7 +90,7 @@ def publish_many(
     against 0.76-0.92 ms with ``publish()`` in a loop (one statement per event).
     """
     bound = _bound_connection(connection)
-    routes = routes or _shipped_routes()
+    routes = _routes(routes)
     now = utcnow()
     rows: list[dict[str, Any]] = []
     if isinstance(events, str | bytes | Mapping) or not isinstance(events, Iterable):

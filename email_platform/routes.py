@@ -148,7 +148,8 @@ def default_routes() -> RouteTable:
                 template="receipt",
                 lane=Lane.TRANSACTIONAL,
                 ttl_s=7 * 24 * 3600,
-                header_fields=("first_name",),
+                # The subject reads order_id.
+                header_fields=("first_name", "order_id"),
             ),
             Route(
                 name="weekly_digest",

@@ -49,6 +49,8 @@ _PLAIN_ADDRESS = re.compile(
 )
 #: Top-level names ``email-validator`` refuses (RFC 6761 special use).
 _SPECIAL_USE = frozenset({"arpa", "invalid", "local", "localhost", "onion", "test"})
+_EARLIEST = datetime(2, 1, 1, tzinfo=UTC)
+_LATEST = datetime(9998, 12, 31, tzinfo=UTC)
 _EVENT_TYPE = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+")
 
 
@@ -189,7 +191,11 @@ def check_metadata(value: Any) -> dict[str, Any]:
 def check_priority(value: Any) -> Lane | None:
     if value is None:
         return None
+    if isinstance(value, Lane):
+        return value
     try:
+        if not isinstance(value, str):
+            raise TypeError(value)
         return Lane(value)
     except (ValueError, TypeError):
         raise UnknownPriorityError(
@@ -211,11 +217,15 @@ def check_aware(field: str, value: Any) -> datetime | None:
     if offset is None:
         raise PublishError(field, "must be timezone-aware (naive datetimes are ambiguous)")
     try:
-        return value.astimezone(UTC)
+        instant = value.astimezone(UTC)
     except (OverflowError, ValueError) as exc:
         raise PublishError(
             field, f"is outside the range of representable instants: {exc}"
         ) from None
+    # A reader in another time zone must be able to read it back (year 1 and 9999 are not).
+    if not _EARLIEST <= instant <= _LATEST:
+        raise PublishError(field, "must be between the years 2 and 9998")
+    return instant
 
 
 def check_idempotency_key(value: Any) -> str | None:

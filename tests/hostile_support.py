@@ -6,14 +6,11 @@ HTTP basic auth) with test-only secrets, so a hostile body can be made authentic
 """
 
 import base64
-import codecs
 import json
 import math
-import re
 import string
 import time
 import uuid
-from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from typing import Any
 
@@ -71,56 +68,6 @@ ENCODED_WORD_CHARSETS = (
     "unicode_escape",
     "raw_unicode_escape",
 )
-#: Charsets for which ``email_platform.headers.unsafe_header_reason`` currently raises
-#: ``UnicodeError`` instead of answering (their codecs refuse ``errors="replace"``), so
-#: ``publish()`` raises something that is not a ``PublishError``. A product defect, reported;
-#: until it is fixed, values holding such an encoded word are left out of the examples
-#: (``hits_unfixed_defect``). Once fixed, empty this tuple.
-UNFIXED_ENCODED_WORD_CHARSETS = ("idna", "punycode", "undefined")
-_ENCODED_WORD_CHARSET = re.compile(r"=\?([^?]*)\?")
-
-
-def _unfixed_charset(name: str) -> bool:
-    try:
-        return codecs.lookup(name.split("*")[0]).name in UNFIXED_ENCODED_WORD_CHARSETS
-    except (LookupError, ValueError):
-        return False
-
-
-def _hash_fails(value: Any) -> bool:
-    """Whether hashing ``value`` raises something other than ``TypeError`` (unhashable)."""
-    try:
-        hash(value)
-    except TypeError:
-        return False
-    except Exception:
-        return True
-    return False
-
-
-def hits_unfixed_defect(value: Any) -> bool:
-    """Whether ``value`` (publish() arguments, walked to any depth, keys included) holds what
-    a reported, not yet fixed product defect turns into an exception other than
-    ``PublishError``: an RFC 2047 encoded word in one of ``UNFIXED_ENCODED_WORD_CHARSETS``, or
-    a ``priority`` whose hash raises (``check_priority`` looks it up in the ``Lane`` enum
-    before checking it is a string; a datetime with a failing tzinfo is one). Such examples
-    are left out of the properties until the defects are fixed; then delete this."""
-    stack = [value]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, str):
-            if any(_unfixed_charset(c) for c in _ENCODED_WORD_CHARSET.findall(node)):
-                return True
-        elif isinstance(node, Mapping):
-            if "priority" in node and _hash_fails(node["priority"]):
-                return True
-            stack.extend(node.keys())
-            stack.extend(node.values())
-        elif isinstance(node, list | tuple):
-            stack.extend(node)
-    return False
-
-
 SPECIAL_TEXT = (
     "",
     " ",

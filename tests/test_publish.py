@@ -162,3 +162,17 @@ def test_publish_many_checks_every_event_before_writing_any(engine):
     assert _outbox_count(engine) == 0
     with pytest.raises(NotInTransactionError), engine.connect() as connection:
         publish_many(connection, [_digest(0)])
+
+
+def test_an_order_id_bound_for_the_receipt_subject_is_checked_at_publish(engine) -> None:
+    """The receipt's subject renders order_id: a line break in it is refused at the call."""
+    from email_platform.errors import HeaderInjectionError
+
+    with engine.begin() as connection, pytest.raises(HeaderInjectionError) as refused:
+        publish(
+            connection,
+            event_type="order.paid",
+            aggregate_id="o1",
+            payload={"email": "a@example.com", "order_id": "=?utf-8?q?1=0D=0ABcc:_x@y.example?="},
+        )
+    assert refused.value.field == "payload.order_id"

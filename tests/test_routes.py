@@ -80,7 +80,8 @@ def test_password_reset_route_looks_its_recipient_up(routes: RouteTable) -> None
 def test_header_and_recipient_fields(routes: RouteTable) -> None:
     assert routes.header_fields_for("user.signed_up") == {"first_name", "email"}
     assert routes.recipient_fields_for("user.signed_up") == {"email"}
-    assert routes.header_fields_for("order.paid") == {"first_name", "email"}
+    # The receipt subject reads order_id, so it is a header field too.
+    assert routes.header_fields_for("order.paid") == {"first_name", "email", "order_id"}
 
 
 def test_marketing_mail_does_not_bypass_unsubscribe(routes: RouteTable) -> None:

@@ -21,3 +21,10 @@ def refused_by_database(exc: BaseException) -> bool:
             exc, OperationalError | InterfaceError
         )
     return isinstance(exc, ValueError | OverflowError)
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database is down, locked or gone (worth retrying whole)."""
+    if isinstance(exc, DBAPIError):
+        return exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError)
+    return False

@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from email_platform.db.errors import refused_by_database
+from email_platform.db.errors import database_unavailable
 from email_platform.db.schema import email_events as email_events_table
 from email_platform.store import email_events, inbox, messages, suppressions
 from email_platform.text import storable_text, text_problem
@@ -98,7 +98,7 @@ class WebhookIngestor:
                         connection, row.inbox_id, status=inbox.PROCESSED, error=None, now=utcnow()
                     )
             except Exception as exc:
-                if not refused_by_database(exc):
+                if database_unavailable(exc):
                     raise  # the database is down: the run fails and its rows are released
                 # One webhook the database will not store must not hold up the others: it is
                 # marked failed with the reason (``webhooks reprocess`` retries it).

@@ -128,7 +128,11 @@ def create_receiver_app(
         except Exception as exc:  # undecodable, or a shape the normalizer cannot read
             text = body.decode("utf-8", errors="replace")
             status = inbox.MALFORMED
-            error = str(exc) if isinstance(exc, WebhookMalformed) and str(exc) else _what(exc)
+            error = (
+                storable_text(str(exc), 2000)
+                if isinstance(exc, WebhookMalformed) and str(exc)
+                else _what(exc)
+            )
         problem = text_problem(text)
         if problem is not None:
             text = storable_text(text) or ""
