@@ -36,7 +36,6 @@ from email_platform.store import outbox, suppressions
 from email_platform.store.bulk import rows_for_events
 from email_platform.timeutil import as_utc, utcnow
 from email_platform.webhooks.receiver import create_receiver_app
-from email_platform.webhooks.serving import uvicorn_options
 
 # The product's own business table: publish() writes next to it, in the same transaction.
 _product = MetaData()
@@ -275,8 +274,9 @@ def run_demo(
     tag = utcnow().strftime("d%H%M%S")
     secret = "whsec_" + base64.b64encode(os.urandom(24)).decode()
     receiver = BackgroundServer(
+        # Plain uvicorn settings on loopback: with serving.uvicorn_options (the header
+        # deadline protocol) the sandbox served from this same process stalled mid-demo.
         create_receiver_app(engine, settings={"sandbox_webhook_secret": secret}),
-        **uvicorn_options(),
     )
     receiver_url = receiver.start()
     click.echo(f"webhook receiver on {receiver_url}/webhooks/sandbox")
