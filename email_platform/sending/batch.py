@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import Engine, Row
 
+from email_platform.db.errors import refused_by_database
 from email_platform.errors import UnstorableEventError
 from email_platform.lanes import LaneConfig
 from email_platform.providers.base import EmailProvider
@@ -26,7 +27,7 @@ from email_platform.routes import RouteTable, default_routes
 from email_platform.sending.dispatch import Dispatcher
 from email_platform.sending.prepare import Preparer
 from email_platform.sending.record import Recorder
-from email_platform.sending.refusals import first_line, refused_by_database, restore_outcome
+from email_platform.sending.refusals import first_line, restore_outcome
 from email_platform.sending.types import BatchOutcome, ClaimedBatch, Work
 from email_platform.store import dead_letters, messages, outbox
 from email_platform.timeutil import utcnow

@@ -14,11 +14,12 @@ from typing import Any
 from sqlalchemy import Engine, Row
 
 from email_platform.classify import is_transient
+from email_platform.db.errors import refused_by_database
 from email_platform.db.schema import email_messages
 from email_platform.errors import ConfigurationError, DeliveryError, PermanentError, TransientError
 from email_platform.lanes import LaneConfig
 from email_platform.providers.base import Accepted
-from email_platform.sending.refusals import first_line, refused_by_database, restore_outcome
+from email_platform.sending.refusals import first_line, restore_outcome
 from email_platform.sending.types import BatchOutcome, Sent, Work
 from email_platform.store import attempts, dead_letters, messages, outbox
 from email_platform.text import storable_text

@@ -7,7 +7,6 @@ locked or gone fails the attempt whole, and the attempt is retried.
 
 import dataclasses
 
-from email_platform.db.errors import refused_by_database
 from email_platform.sending.types import BatchOutcome
 from email_platform.text import storable_text
 
@@ -20,6 +19,3 @@ def first_line(exc: BaseException) -> str:
 def restore_outcome(outcome: BatchOutcome, before: BatchOutcome) -> None:
     for name, value in dataclasses.asdict(before).items():
         setattr(outcome, name, value)
-
-
-__all__ = ["first_line", "refused_by_database", "restore_outcome"]
