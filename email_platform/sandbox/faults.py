@@ -1,7 +1,10 @@
 """The sandbox's faults: recipient directives, rules posted to ``/_sandbox/faults``, and how a
 ``Retry-After`` value is written."""
 
+import email.utils
+import random
 import re
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -18,6 +21,22 @@ def retry_after_value(seconds: float) -> str:
     # so fast tests can configure sub-second back-off and still see it honoured.
     seconds = max(0.0, float(seconds))
     return str(int(seconds)) if seconds.is_integer() else f"{seconds:g}"
+
+
+RETRY_AFTER_STYLES = ("seconds", "http-date", "garbage", "mixed")
+#: Values real servers have been seen to send that are neither seconds nor an HTTP date.
+_GARBAGE_RETRY_AFTER = ("soon", "-5", "1e400", "NaN", "", "Thu, 99 Foo 2026 99:99:99 GMT")
+
+
+def retry_after_header(seconds: float, style: str, rng: random.Random) -> str:
+    """Retry-After written as ``style`` says; a client must survive every one of them."""
+    if style == "mixed":
+        style = rng.choice(RETRY_AFTER_STYLES[:3])
+    if style == "http-date":
+        return email.utils.formatdate(time.time() + max(0.0, seconds), usegmt=True)
+    if style == "garbage":
+        return rng.choice(_GARBAGE_RETRY_AFTER)
+    return retry_after_value(seconds)
 
 
 @lru_cache(maxsize=4096)

@@ -15,7 +15,8 @@ Behaviour worth knowing when writing tests against it:
      first N attempts of that idempotency key; a directive without ``xN`` applies to every
      attempt. Several directives run one after the other, so ``jane+429x1+500x1@example.com``
      answers 429, then 500, then accepts. Unknown ``+tags`` are ignored.
-  2. rules added through ``POST /_sandbox/faults``; each firing uses up one of its ``times``.
+  2. rules added through ``POST /_sandbox/faults``; each firing uses up one of its ``times``;
+     ``DELETE /_sandbox/faults`` drops them all (an outage ends).
   3. the random rates of :class:`SandboxConfig`, only on the first attempt of a key. The 5xx
      rate answers 500 or 503, the 4xx rate answers 400.
 
@@ -37,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import random
 import sys
 from typing import Any
 
@@ -47,7 +49,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from email_platform.sandbox.asgi import BackgroundServer, bind, url_for, uvicorn_config
-from email_platform.sandbox.faults import parse_rule, retry_after_value
+from email_platform.sandbox.faults import (
+    RETRY_AFTER_STYLES,
+    parse_rule,
+    retry_after_header,
+)
 from email_platform.sandbox.state import SandboxConfig, SandboxState, dumps
 
 __all__ = ["SandboxConfig", "SandboxServer", "create_app", "serve"]
@@ -129,7 +135,13 @@ def create_app(config: SandboxConfig) -> Starlette:
     """Build the sandbox provider ASGI app; its state lives on ``app.state.sandbox``."""
     state = SandboxState(config)
     expected_auth = f"Bearer {config.api_key}".encode() if config.api_key is not None else None
-    retry_after = retry_after_value(config.retry_after_s)
+    if config.retry_after_style not in RETRY_AFTER_STYLES:
+        raise ValueError(f"retry_after_style must be one of {RETRY_AFTER_STYLES}")
+    retry_after_rng = random.Random(config.seed)
+
+    def retry_after() -> str:
+        return retry_after_header(config.retry_after_s, config.retry_after_style, retry_after_rng)
+
     latency_s = max(0.0, config.latency_ms) / 1000.0
 
     async def admit(request: Request, *, batch: bool) -> Response | None:
@@ -156,7 +168,7 @@ def create_app(config: SandboxConfig) -> Starlette:
 
         # Replay before parsing: a duplicate must get the stored answer whatever its body is.
         with state.lock:
-            stored = state.answers.get(key)
+            stored = state.answers.get(key) if config.idempotency else None
             if stored is not None:
                 state.send_attempts += 1
                 state.repeated_keys += 1
@@ -192,7 +204,7 @@ def create_app(config: SandboxConfig) -> Starlette:
             await asyncio.sleep(config.timeout_delay_s)
             if fault == "accept_timeout":
                 return Response(body, media_type=_JSON)
-        return _fault_response(fault, retry_after)
+        return _fault_response(fault, retry_after())
 
     async def send_batch(request: Request) -> Response:
         refused = await admit(request, batch=True)
@@ -229,7 +241,7 @@ def create_app(config: SandboxConfig) -> Starlette:
             elif answer is not None:
                 results.append({"status": 200, **answer, "replayed": False})
             else:
-                results.append(_batch_fault(fault, retry_after))
+                results.append(_batch_fault(fault, retry_after()))
             stall = stall or fault in ("timeout", "accept_timeout")
         if stall:
             await asyncio.sleep(config.timeout_delay_s)
@@ -263,6 +275,12 @@ def create_app(config: SandboxConfig) -> Starlette:
             rules = [rule.as_dict() for rule in state.rules]
         return _json(200, {"added": len(new_rules), "rules": rules})
 
+    async def clear_faults(request: Request) -> Response:
+        with state.lock:
+            cleared = len(state.rules)
+            state.rules.clear()
+        return _json(200, {"cleared": cleared})
+
     async def list_faults(request: Request) -> Response:
         with state.lock:
             rules = [rule.as_dict() for rule in state.rules]
@@ -283,6 +301,7 @@ def create_app(config: SandboxConfig) -> Starlette:
             Route("/_sandbox/stats", stats, methods=["GET"]),
             Route("/_sandbox/faults", add_faults, methods=["POST"]),
             Route("/_sandbox/faults", list_faults, methods=["GET"]),
+            Route("/_sandbox/faults", clear_faults, methods=["DELETE"]),
             Route("/_sandbox/reset", reset, methods=["POST"]),
             Route("/_sandbox/health", health, methods=["GET"]),
         ]

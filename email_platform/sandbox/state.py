@@ -26,6 +26,11 @@ class SandboxConfig:
     retry_after_s: float = 1
     timeout_delay_s: float = 30
     seed: int | None = None
+    #: False: behave as a provider without idempotency keys (Postmark, SendGrid, Mailgun,
+    #: SES): every request is a new message, however often its key was seen.
+    idempotency: bool = True
+    #: How 429 answers write Retry-After: seconds, http-date, garbage, or mixed (any of them).
+    retry_after_style: str = "seconds"
     #: Where to post signed webhooks for accepted messages (None: no webhooks).
     webhooks: WebhookPlan | None = None
 
@@ -113,7 +118,7 @@ class SandboxState:
         event_id = (payload.get("metadata") or {}).get("event_id")
         with self.lock:
             self.send_attempts += 1
-            stored = self.answers.get(key)
+            stored = self.answers.get(key) if self.config.idempotency else None
             if stored is not None:
                 self.repeated_keys += 1
                 return stored, None, None

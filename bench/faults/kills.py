@@ -1,0 +1,148 @@
+"""The kill schedule: ``kill -9`` of the stack's processes at random moments during a drain.
+
+Targets, by what their command line says they are: the daemon and the code server (each
+restarted at once, as an orchestrator would), run processes (spawned by the code server: a lane
+worker or a batch send run), step processes (the multiprocess executor's spawned children,
+which outlive a killed run process) and the webhook receiver (restarted). A kind with no live
+process at that moment is skipped for another.
+"""
+
+import contextlib
+import random
+import threading
+from collections import Counter
+
+import psutil
+
+from bench.faults.stack import Stack
+
+KINDS = ("run", "step", "daemon", "code_server", "receiver")
+WEIGHTS = {"run": 3, "step": 3, "daemon": 1, "code_server": 1, "receiver": 1}
+
+
+def kind_of(proc: psutil.Process) -> str | None:
+    try:
+        cmdline = " ".join(proc.cmdline())
+    except psutil.Error:
+        return None
+    if "spawn_main" in cmdline:
+        # The code server starts each run in a spawned process; the run's multiprocess
+        # executor spawns its steps. A step whose run was killed is an orphan: still a step.
+        try:
+            parent = " ".join(proc.parent().cmdline()) if proc.parent() else ""
+        except psutil.Error:
+            parent = ""
+        return "run" if "grpc" in parent else "step"
+    if "execute_run" in cmdline:
+        return "run"
+    if "dagster-daemon" in cmdline or "dagster._daemon" in cmdline:
+        # The daemon spawns helpers with the same name; only the one we started counts.
+        return "daemon_child"
+    if "api grpc" in cmdline:
+        return "code_server"
+    if "webhooks serve" in cmdline:
+        return "receiver"
+    return None
+
+
+class KillSchedule:
+    """From a thread: every ``every_s`` (jittered) kill one process of a random kind."""
+
+    def __init__(
+        self, stack: Stack, every_s: float, rng: random.Random, kinds: tuple[str, ...] = KINDS
+    ) -> None:
+        self.stack = stack
+        self.every_s = every_s
+        self.rng = rng
+        self.kinds = kinds
+        self.killed: Counter = Counter()
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="kills", daemon=True)
+
+    def start(self) -> "KillSchedule":
+        if self.every_s > 0 and self.kinds:
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s * self.rng.uniform(0.5, 1.5)):
+            try:
+                self.kill_one()
+            except Exception as exc:  # a fault of the harness must not end the run silently
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+
+    def candidates(self) -> dict[str, list[psutil.Process]]:
+        found: dict[str, list[psutil.Process]] = {kind: [] for kind in self.kinds}
+        daemon = self.stack.daemon
+        for proc in self.stack.processes():
+            kind = kind_of(proc)
+            if daemon is not None and daemon.process is not None and proc.pid == daemon.process.pid:
+                kind = "daemon"
+            if kind in found:
+                found[kind].append(proc)
+        return found
+
+    def kill_one(self) -> str | None:
+        found = {kind: procs for kind, procs in self.candidates().items() if procs}
+        if not found:
+            return None
+        kinds = sorted(found)
+        kind = self.rng.choices(kinds, weights=[WEIGHTS[k] for k in kinds])[0]
+        proc = self.rng.choice(found[kind])
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+            psutil.wait_procs([proc], timeout=10)
+        self.killed[kind] += 1
+        return kind
+
+
+class Supervisor:
+    """Restarts the daemon, the code server and the receiver when they die, as an
+    orchestrator (systemd, Kubernetes) would; from its own thread, so kills go on meanwhile."""
+
+    def __init__(self, stack: Stack, every_s: float = 1.0) -> None:
+        self.stack = stack
+        self.every_s = every_s
+        self.restarts: Counter = Counter()
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="supervisor", daemon=True)
+
+    def start(self) -> "Supervisor":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self.check()
+            except Exception as exc:  # the next look may succeed; say what happened
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+
+    def check(self) -> None:
+        stack = self.stack
+        if stack.code_server is not None and stack.code_server.poll() is not None:
+            stack.code_server.wait()
+            stack.start_code_server()
+            self.restarts["code_server"] += 1
+        if stack.receiver is not None and stack.receiver.poll() is not None:
+            stack.receiver.wait()
+            stack.start_receiver()
+            self.restarts["receiver"] += 1
+        daemon = stack.daemon
+        if daemon is not None and not daemon.alive():
+            with contextlib.suppress(Exception):
+                daemon._log.close()
+            daemon.process = None
+            stack.start_daemon()
+            self.restarts["daemon"] += 1
