@@ -74,3 +74,55 @@ def test_killed_worker_releases_its_claim_and_nothing_is_sent_twice(
     for event_id in ids:
         assert event(engine, event_id).status == "done"
         assert [a.outcome for a in attempts_of(engine, event_id)] == ["accepted"]
+
+
+def test_a_batch_run_killed_holding_claims_is_failed_once_its_leases_lapse(
+    engine, database_url, tmp_path: Path
+):
+    """The default run launcher never notices a killed run process: the run would show as
+    running forever. Once its claims' leases lapse unrenewed, the lane sensor marks it failed
+    and requests its events again."""
+    from datetime import timedelta
+
+    from dagster import DagsterRunStatus, SensorResult, build_sensor_context
+    from sqlalchemy import update
+
+    from email_platform.db.schema import email_outbox
+    from email_platform.lanes import Lane
+    from email_platform.resources import AppDatabase, LanePolicy
+    from email_platform.sensors.outbox import make_outbox_sensor
+    from email_platform.timeutil import utcnow
+
+    home = tmp_path / "dagster"
+    home.mkdir()
+    ids = [signup(engine, f"u{i}", email=f"u{i}+accepttimeoutx1@example.com") for i in range(3)]
+    with SandboxServer(SandboxConfig(timeout_delay_s=30)) as sandbox_url:
+        child = multiprocessing.get_context("spawn").Process(
+            target=_send_in_child, args=(database_url, sandbox_url, ids, str(home))
+        )
+        child.start()
+        assert _wait(lambda: sandbox_stats(sandbox_url)["accepted"] == 3, 60)
+        os.kill(child.pid, signal.SIGKILL)
+        child.join()
+    resources = {
+        "app_database": AppDatabase(url=database_url),
+        "lane_policy": LanePolicy(overrides_json='{"transactional": {"workers": 0}}'),
+    }
+    with DagsterInstance.from_config(str(home)) as instance:
+        # Within its leases the run is left alone: its process might be alive.
+        with build_sensor_context(instance=instance, resources=resources) as context:
+            make_outbox_sensor(Lane.TRANSACTIONAL)(context)
+        (run,) = instance.get_runs(RunsFilter(job_name="send_email_job"))
+        assert run.status == DagsterRunStatus.STARTED
+    # Time passes with no one renewing: the leases lapse.
+    with engine.begin() as connection:
+        connection.execute(
+            update(email_outbox).values(lease_expires_at=utcnow() - timedelta(seconds=1))
+        )
+    with DagsterInstance.from_config(str(home)) as instance:
+        with build_sensor_context(instance=instance, resources=resources) as context:
+            result = make_outbox_sensor(Lane.TRANSACTIONAL)(context)
+        assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.FAILURE
+        assert isinstance(result, SensorResult)
+        (request,) = result.run_requests
+        assert request.run_config["ops"]["send_email_batch"]["config"]["event_ids"] == sorted(ids)

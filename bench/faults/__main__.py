@@ -191,7 +191,12 @@ def report(args, stream, kills, supervisor, faults, stats, verdict, settled, ela
     for detail in verdict.details:
         print(f"  {detail}")
     if args.keyless:
-        print(f"accept_then_die_window: {verdict.accepted_twice} message(s) accepted twice")
+        why = verdict.accepted_twice
+        print(
+            f"accept_then_die_window: {sum(why.values())} message(s) accepted twice: "
+            f"{why['unrecorded']} with no outcome recorded between acceptance and commit "
+            f"(sender killed, database gone), {why['after_timeout']} after a client timeout"
+        )
     print(verdict.line)
 
 

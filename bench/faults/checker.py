@@ -34,8 +34,10 @@ class Verdict:
     #: Fates as found, by kind of fate (``sent``, ``dead:provider_rejected``, ...).
     fates: Counter = field(default_factory=Counter)
     details: list[str] = field(default_factory=list)
-    #: Messages the provider accepted more than once (only a provider without keys can).
-    accepted_twice: int = 0
+    #: Messages the provider accepted more than once (only a provider without keys can), by
+    #: what the senders recorded: a timeout on an attempt it had accepted, or nothing (the
+    #: sender died, or the database was gone, between the acceptance and the commit).
+    accepted_twice: Counter = field(default_factory=Counter)
     #: Requests the sandbox answered from a stored key (a resend it absorbed).
     replayed_keys: int = 0
 
@@ -130,6 +132,25 @@ def _check_fates(verdict: Verdict, expected: Expected, fates: dict[str, str]) ->
             verdict.note(f"wrong: signups of {first}: {[fates.get(e) for e in members]}")
 
 
+def _why_twice(engine: Engine, keys: list[str]) -> list[str]:
+    if not keys:
+        return []
+    timed_out = {
+        key
+        for key, error in _rows(
+            engine,
+            select(email_messages.c.idempotency_key, email_attempts.c.error)
+            .join(email_attempts, email_attempts.c.message_id == email_messages.c.message_id)
+            .where(
+                email_messages.c.idempotency_key.in_(keys),
+                email_attempts.c.outcome == "transient",
+            ),
+        )
+        if "timeout" in (error or "").lower() or "timed out" in (error or "").lower()
+    }
+    return ["after_timeout" if key in timed_out else "unrecorded" for key in keys]
+
+
 def _same(got: str, want: str) -> bool:
     """``dead:<reason>/<code>`` is the ``dead:<what>`` wanted when either names it."""
     if got == want:
@@ -149,7 +170,8 @@ def _check_doubles(
         by_message[(tags.get("event_id", ""), m["idempotency_key"].rpartition(":")[2])].add(
             m["idempotency_key"]
         )
-    verdict.accepted_twice = sum(1 for n in by_key.values() if n > 1)
+    twice = [key for key, n in by_key.items() if n > 1]
+    verdict.accepted_twice.update(_why_twice(engine, twice))
     for key, n in by_key.items():
         if n > 1 and not keyless:
             verdict.doubled += 1

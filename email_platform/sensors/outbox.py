@@ -143,6 +143,26 @@ def _is_dead(beat: Any, started_ts: float, now_ts: float) -> bool:
     return now_ts - as_utc(beat.heartbeat_at).timestamp() > HEARTBEAT_STALE_S
 
 
+def report_dead_holders(instance: DagsterInstance, run_ids: Sequence[str]) -> int:
+    """Mark failed the started runs whose claims went unrenewed past their lease.
+
+    Their process is gone (the default run launcher does not notice a killed run process), so
+    without this they would show as running forever; failing them also lets the run failure
+    sensor give back at once what they still hold.
+    """
+    reported = 0
+    for run_id in run_ids:
+        run = instance.get_run_by_id(run_id)
+        if run is not None and run.status in (DagsterRunStatus.STARTING, DagsterRunStatus.STARTED):
+            instance.report_run_failed(
+                run,
+                message="its claims went unrenewed past their lease: its process is gone; "
+                "its events are released and requested again",
+            )
+            reported += 1
+    return reported
+
+
 def worker_run_request(lane: LaneConfig) -> RunRequest:
     return RunRequest(
         # Unique per request: a worker is not tied to events, and the claim is the gate.
@@ -202,6 +222,9 @@ def make_outbox_sensor(lane: Lane) -> SensorDefinition:
         now = utcnow()
         limit = config.batch_size * config.max_runs_per_tick
         with app_database.get_engine().begin() as connection:
+            report_dead_holders(
+                context.instance, outbox.holders_past_lease(connection, lane.value, now)
+            )
             rows = outbox.find_requestable(
                 connection, lane.value, now, config.request_timeout_s, limit
             )

@@ -212,6 +212,23 @@ def release_run(connection: Connection, run_id: str) -> list[str]:
     return [row.event_id for row in rows]
 
 
+def holders_past_lease(connection: Connection, lane: str, now: datetime) -> list[str]:
+    """Runs that hold events of ``lane`` whose lease ran out: a live holder renews its leases,
+    so these are dead (or cut off from the database for longer than a lease)."""
+    return list(
+        connection.execute(
+            select(outbox.c.claimed_by)
+            .where(
+                outbox.c.lane == lane,
+                outbox.c.status == IN_FLIGHT,
+                outbox.c.lease_expires_at < now,
+                outbox.c.claimed_by.is_not(None),
+            )
+            .distinct()
+        ).scalars()
+    )
+
+
 def make_requestable(connection: Connection, event_ids: Sequence[str], max_requests: int) -> int:
     """Pending events of a run that died before claiming them: requestable again at once.
 
