@@ -32,7 +32,8 @@ class LaneConfig:
     retry_delay_s: float
     #: Cap on any single wait, including a provider's Retry-After.
     max_retry_delay_s: float
-    #: How long a run's claim holds if the run dies without telling anyone.
+    #: How long a run's claim holds unless renewed. A live run renews it every 10 s (a sixth
+    #: of a shorter lease), so a run killed outright frees its events this long after.
     lease_s: int
     #: A requested batch that no run claimed within this long is requested again.
     request_timeout_s: int
@@ -66,7 +67,7 @@ DEFAULT_LANE_CONFIGS: dict[Lane, LaneConfig] = {
         max_retries=5,
         retry_delay_s=1.0,
         max_retry_delay_s=30.0,
-        lease_s=300,
+        lease_s=60,
         request_timeout_s=180,
         max_runs_per_tick=4,
         run_priority=10,
@@ -81,7 +82,7 @@ DEFAULT_LANE_CONFIGS: dict[Lane, LaneConfig] = {
         max_retries=4,
         retry_delay_s=2.0,
         max_retry_delay_s=120.0,
-        lease_s=600,
+        lease_s=60,
         request_timeout_s=300,
         max_runs_per_tick=4,
         run_priority=5,
@@ -96,7 +97,7 @@ DEFAULT_LANE_CONFIGS: dict[Lane, LaneConfig] = {
         max_retries=3,
         retry_delay_s=5.0,
         max_retry_delay_s=300.0,
-        lease_s=1200,
+        lease_s=60,
         request_timeout_s=900,
         max_runs_per_tick=2,
         run_priority=0,

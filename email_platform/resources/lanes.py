@@ -25,6 +25,11 @@ class LanePolicy(ConfigurableResource):
             lane_config = dataclasses.replace(base, **overrides)
         except TypeError as exc:
             raise ConfigurationError(f"lane override for {parsed.value}: {exc}") from None
+        if not lane_config.lease_s > 0:
+            raise ConfigurationError(
+                f"lane override for {parsed.value}: lease_s must be positive, "
+                f"got {lane_config.lease_s}"
+            )
         if not 0 <= lane_config.warm_workers <= lane_config.workers:
             raise ConfigurationError(
                 f"lane override for {parsed.value}: warm_workers must be 0 to workers "

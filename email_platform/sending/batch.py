@@ -4,6 +4,7 @@
 as it is made, so a crash at any point loses no outcome that was already known, and the next
 attempt (same run, a re-execution, or another run after the lease expires) redoes only what is
 still pending, under the idempotency key that was committed before the first provider call.
+While it runs, a thread renews the run's short leases (``leases.LeaseRenewer``).
 The steps live beside it: ``prepare`` (route, dedupe, expiry, recipient, suppression, render),
 ``dispatch`` (the send threads and provider calls, no database) and ``record`` (attempts,
 messages, dead letters, settling events). This class owns the transactions that join them.
@@ -25,6 +26,7 @@ from email_platform.recipients import RecipientResolver, SqlDirectoryResolver
 from email_platform.rendering import TemplateRenderer
 from email_platform.routes import RouteTable, default_routes
 from email_platform.sending.dispatch import Dispatcher
+from email_platform.sending.leases import LeaseRenewer
 from email_platform.sending.prepare import Preparer
 from email_platform.sending.record import Recorder
 from email_platform.sending.refusals import first_line, restore_outcome
@@ -85,10 +87,15 @@ class BatchSender:
         previous_owners: Sequence[str] = (),
         replay: bool = False,
     ) -> BatchOutcome:
-        return self.deliver(
-            self.claim(event_ids, run_id=run_id, previous_owners=previous_owners, replay=replay),
-            run_id=run_id,
-        )
+        """Claim, prepare, send and record ``event_ids``, renewing the run's leases meanwhile
+        (a batch of slow sends outlasts a short lease)."""
+        with LeaseRenewer(self.engine, run_id, self.lane.lease_s, log=self.log):
+            return self.deliver(
+                self.claim(
+                    event_ids, run_id=run_id, previous_owners=previous_owners, replay=replay
+                ),
+                run_id=run_id,
+            )
 
     def claim(
         self,
@@ -167,13 +174,17 @@ class BatchSender:
             self.recorder.dead_letter_event(connection, event, error, run_id, utcnow())
         outcome.dead += 1
 
-    def deliver(self, batch: ClaimedBatch, *, run_id: str) -> BatchOutcome:
+    def deliver(
+        self, batch: ClaimedBatch, *, run_id: str, hold_retries: bool = True
+    ) -> BatchOutcome:
         """Send a claimed batch's messages, record every outcome, settle its events.
 
         Fenced: only messages of events this run still holds are sent. A claim can be lost
         between preparing and sending (a lane worker prepares its next batch while the last one
         is with the provider; a run that looked dead had its claims released and taken by
-        another), and then the other run sends them, not this one.
+        another), and then the other run sends them, not this one. ``hold_retries``: events
+        left waiting for a retry keep a lease over the longest wait (a batch run; a lane worker
+        renews its leases instead).
         """
         if batch.events:
             outcome = batch.outcome
@@ -184,7 +195,7 @@ class BatchSender:
                 record=lambda group: self.recorder.record_group(group, run_id, outcome),
                 salvage=lambda leftovers: self.recorder.salvage(leftovers, run_id, outcome),
             )
-            self.recorder.finish_events(batch.events, run_id, outcome)
+            self.recorder.finish_events(batch.events, run_id, outcome, hold_retries=hold_retries)
         return batch.outcome
 
     def _still_held(self, work: list[Work], run_id: str) -> list[Work]:

@@ -377,12 +377,21 @@ class Recorder:
                 self.settle(connection, sorted(event_ids), run_id, utcnow())
         return count
 
-    def finish_events(self, claimed: Sequence[Row], run_id: str, outcome: BatchOutcome) -> None:
+    def finish_events(
+        self,
+        claimed: Sequence[Row],
+        run_id: str,
+        outcome: BatchOutcome,
+        *,
+        hold_retries: bool = True,
+    ) -> None:
+        """Settle the batch's events. ``hold_retries``: lease what waits for a retry across the
+        longest wait (a batch run's next attempt is a new step, and nothing renews meanwhile)."""
         with self.engine.begin() as connection:
             still_in_flight = self.settle(
                 connection, [e.event_id for e in claimed], run_id, utcnow()
             )
-            if still_in_flight:
+            if still_in_flight and hold_retries:
                 # Hold the claim across the retry wait, so no other run takes these events.
                 wait_s = self.lane.max_retry_delay_s + self.lane.lease_s
                 outbox.extend_lease(

@@ -9,31 +9,34 @@ The gates stay the same as for batch runs: ``BatchSender.run`` claims atomically
 of workers and batch runs can overlap), records every outcome as it goes, and idempotency keys
 are committed before the provider call. Transient failures are retried by the worker itself
 with the lane's backoff (exponential, full jitter, Retry-After honoured), holding the claim,
-while it goes on with other events; exhausted retries become dead letters.
+while it goes on with other events; exhausted retries become dead letters. Its heartbeat thread
+renews the leases of everything it holds, so a worker that dies frees them within ``lease_s``.
 """
 
 import logging
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from email_platform.lanes import LaneConfig
 from email_platform.sending.batch import BatchOutcome, BatchSender
+from email_platform.sending.leases import RENEW_EVERY_S, LeaseRenewer, renew_every_s
 from email_platform.sending.retry import retry_wait_s
 from email_platform.store import lane_workers, outbox
 from email_platform.timeutil import utcnow
 
 #: How often the worker logs what it did since the last line (a run's progress in the UI).
 PROGRESS_EVERY_S = 30.0
-#: How often the worker records that it is alive; the sensor replaces one silent for longer
-#: than ``sensors.outbox.HEARTBEAT_STALE_S``.
-HEARTBEAT_EVERY_S = 10.0
+#: How often the worker beats (and renews its leases) unless told: every
+#: ``leases.RENEW_EVERY_S``, or a sixth of a shorter lease. The sensor replaces a worker silent
+#: for longer than ``sensors.outbox.HEARTBEAT_STALE_S``.
+HEARTBEAT_EVERY_S = RENEW_EVERY_S
 
 
 @dataclass
@@ -69,6 +72,7 @@ class LaneWorker:
         log: logging.Logger | Any | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Any] | None = None,
+        heartbeat_every_s: float | None = None,
     ) -> None:
         self.sender = sender
         self.engine = engine
@@ -86,16 +90,22 @@ class LaneWorker:
         # The batch being sent while the next one is claimed and prepared, and its retry number.
         self._delivering: tuple[futures.Future[BatchOutcome], int] | None = None
         self._delivery = futures.ThreadPoolExecutor(1, thread_name_prefix="deliver")
+        # One thread, one transaction: the heartbeat and the renewal of every lease held.
+        self._heartbeat = LeaseRenewer(
+            engine,
+            run_id,
+            lane.lease_s,
+            every_s=renew_every_s(lane.lease_s) if heartbeat_every_s is None else heartbeat_every_s,
+            beat=self._write_beat,
+            log=self.log,
+            name="heartbeat",
+        )
 
     def run(self) -> WorkerResult:
         # A retried attempt of this run starts here: what the previous attempt held is due again.
         self._release_held()
-        self._beat()
-        stop_beating = threading.Event()
-        beating = threading.Thread(
-            target=self._beat_until, args=(stop_beating,), name="heartbeat", daemon=True
-        )
-        beating.start()
+        self._heartbeat.renew()
+        self._heartbeat.start()
         try:
             self._loop()
         except BaseException as exc:
@@ -106,8 +116,7 @@ class LaneWorker:
             # starts, what is in flight is recorded) before what is left is given back.
             self._settle_quietly()
             self._delivery.shutdown()
-            stop_beating.set()
-            beating.join()
+            self._heartbeat.stop()
             # Also on an interrupt (the run was terminated) or an error: what this run still
             # holds goes back to the outbox now instead of waiting for its lease to expire.
             self._release_held()
@@ -175,8 +184,12 @@ class LaneWorker:
         batch = self.sender.claim(event_ids, run_id=self.run_id)
         self._settle()
         if batch.events:
+            # No long lease across a retry wait: the heartbeat renews what this worker holds,
+            # so if it dies, its waiting retries are free after one short lease.
             self._delivering = (
-                self._delivery.submit(self.sender.deliver, batch, run_id=self.run_id),
+                self._delivery.submit(
+                    self.sender.deliver, batch, run_id=self.run_id, hold_retries=False
+                ),
                 retry_number,
             )
         else:
@@ -242,17 +255,9 @@ class LaneWorker:
         except Exception as exc:  # never mask the error that ended the loop
             self.log.warning(f"could not release this run's claims ({exc}); leases will expire")
 
-    def _beat(self) -> None:
-        with self.engine.begin() as connection:
-            lane_workers.beat(connection, self.run_id, self.lane.lane.value, utcnow())
-
-    def _beat_until(self, stop: threading.Event) -> None:
-        """Heartbeats from their own thread: a long batch send must not look like a dead run."""
-        while not stop.wait(HEARTBEAT_EVERY_S):
-            try:
-                self._beat()
-            except Exception as exc:  # the next beat may get through; the sensor judges
-                self.log.warning(f"heartbeat failed: {exc}")
+    def _write_beat(self, connection: Connection, now: datetime) -> None:
+        """Written from the heartbeat thread: a long batch send must not look like a dead run."""
+        lane_workers.beat(connection, self.run_id, self.lane.lane.value, now)
 
     def _end(self) -> None:
         try:

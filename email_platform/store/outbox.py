@@ -1,4 +1,4 @@
-"""Reads and writes of ``email_outbox``: publish, the sensor's view, the claim, the release."""
+"""Reads and writes of ``email_outbox``: publish, the sensor's view, the claim, its lease."""
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
@@ -117,38 +117,45 @@ def claim(
     row is left alone: that is the gate that keeps an event in one run at a time.
     """
     owners = [run_id, *previous_owners]
-    conditions = [
+    owned = and_(outbox.c.status == IN_FLIGHT, outbox.c.claimed_by.in_(owners))
+    free = [
         and_(outbox.c.status == PENDING, outbox.c.available_at <= now),
         and_(
             outbox.c.status == IN_FLIGHT,
-            or_(outbox.c.claimed_by.in_(owners), outbox.c.lease_expires_at < now),
+            outbox.c.lease_expires_at < now,
+            outbox.c.claimed_by.not_in(owners),
         ),
     ]
     if include_dead:
-        conditions.append(outbox.c.status == DEAD)
+        free.append(outbox.c.status == DEAD)
+    take = (
+        update(outbox)
+        .values(
+            status=IN_FLIGHT,
+            claimed_by=run_id,
+            lease_expires_at=now + timedelta(seconds=lease_s),
+            claim_count=outbox.c.claim_count + case((outbox.c.claimed_by == run_id, 0), else_=1),
+        )
+        .returning(*outbox.c)
+    )
     claimed: list[Row] = []
     for chunk in _chunks(event_ids, 500):
-        claimable = and_(one_of(connection, outbox.c.event_id, chunk), or_(*conditions))
+        in_chunk = one_of(connection, outbox.c.event_id, chunk)
         if connection.dialect.name == "postgresql":
+            # What this run already holds is waited for, not skipped: its own lease renewal
+            # may lock a row for a moment, and a skipped row would stay held, never sent.
+            claimed.extend(connection.execute(take.where(in_chunk, owned)).all())
             # SKIP LOCKED: a row another transaction is claiming right now is simply not ours.
-            locked = select(outbox.c.event_id).where(claimable).with_for_update(skip_locked=True)
+            locked = (
+                select(outbox.c.event_id)
+                .where(in_chunk, or_(*free))
+                .with_for_update(skip_locked=True)
+            )
             target = outbox.c.event_id.in_(locked.scalar_subquery())
         else:
             # SQLite serializes writers (BEGIN IMMEDIATE), so the WHERE is re-checked atomically.
-            target = claimable
-        statement = (
-            update(outbox)
-            .where(target)
-            .values(
-                status=IN_FLIGHT,
-                claimed_by=run_id,
-                lease_expires_at=now + timedelta(seconds=lease_s),
-                claim_count=outbox.c.claim_count
-                + case((outbox.c.claimed_by == run_id, 0), else_=1),
-            )
-            .returning(*outbox.c)
-        )
-        claimed.extend(connection.execute(statement).all())
+            target = and_(in_chunk, or_(owned, *free))
+        claimed.extend(connection.execute(take.where(target)).all())
     # Publish order, so the first of two events sharing a dedupe key is the one sent.
     return sorted(claimed, key=lambda row: (row.published_at, row.event_id))
 
@@ -167,6 +174,28 @@ def held_by(connection: Connection, event_ids: Sequence[str], run_id: str) -> se
             ).scalars()
         )
     return held
+
+
+def renew_leases(connection: Connection, run_id: str, until: datetime) -> int:
+    """Extend to ``until`` the lease of every event ``run_id`` holds; never shorten one.
+
+    A live run calls this every few seconds, so a short lease frees a dead run's events soon
+    while a live run keeps them. A longer lease (held across a retry wait) is left as it is.
+    Returns how many leases were extended.
+    """
+    renewable = and_(
+        outbox.c.claimed_by == run_id,
+        outbox.c.status == IN_FLIGHT,
+        outbox.c.lease_expires_at < until,
+    )
+    if connection.dialect.name == "postgresql":
+        # SKIP LOCKED: a row the run is recording right now waits for the next renewal, so the
+        # renewal never blocks on, or deadlocks with, the run's own transactions.
+        locked = select(outbox.c.event_id).where(renewable).with_for_update(skip_locked=True)
+        target = outbox.c.event_id.in_(locked.scalar_subquery())
+    else:
+        target = renewable
+    return connection.execute(update(outbox).where(target).values(lease_expires_at=until)).rowcount
 
 
 def extend_lease(
