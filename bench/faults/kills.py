@@ -10,6 +10,7 @@ process at that moment is skipped for another.
 import contextlib
 import random
 import threading
+import time
 from collections import Counter
 
 import psutil
@@ -49,8 +50,16 @@ class KillSchedule:
     """From a thread: every ``every_s`` (jittered) kill one process of a random kind."""
 
     def __init__(
-        self, stack: Stack, every_s: float, rng: random.Random, kinds: tuple[str, ...] = KINDS
+        self,
+        stack: Stack,
+        every_s: float,
+        rng: random.Random,
+        kinds: tuple[str, ...] = KINDS,
+        min_age_s: float = 10.0,
     ) -> None:
+        #: A process younger than this is left alone: killing a daemon or code server again
+        #: before it has come up would only keep the system from doing anything.
+        self.min_age_s = min_age_s
         self.stack = stack
         self.every_s = every_s
         self.rng = rng
@@ -80,7 +89,13 @@ class KillSchedule:
     def candidates(self) -> dict[str, list[psutil.Process]]:
         found: dict[str, list[psutil.Process]] = {kind: [] for kind in self.kinds}
         daemon = self.stack.daemon
+        now = time.time()
         for proc in self.stack.processes():
+            try:
+                if now - proc.create_time() < self.min_age_s:
+                    continue
+            except psutil.Error:
+                continue
             kind = kind_of(proc)
             if daemon is not None and daemon.process is not None and proc.pid == daemon.process.pid:
                 kind = "daemon"
@@ -124,25 +139,28 @@ class Supervisor:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every_s):
-            try:
-                self.check()
-            except Exception as exc:  # the next look may succeed; say what happened
-                self.errors.append(f"{type(exc).__name__}: {exc}")
+            self.check()
 
     def check(self) -> None:
+        """Each service on its own: one that keeps failing to start must not keep the others
+        down."""
         stack = self.stack
-        if stack.code_server is not None and stack.code_server.poll() is not None:
-            stack.code_server.wait()
-            stack.start_code_server()
-            self.restarts["code_server"] += 1
-        if stack.receiver is not None and stack.receiver.poll() is not None:
-            stack.receiver.wait()
-            stack.start_receiver()
-            self.restarts["receiver"] += 1
-        daemon = stack.daemon
-        if daemon is not None and not daemon.alive():
+        for name, process, start in (
+            ("code_server", stack.code_server, stack.start_code_server),
+            ("receiver", stack.receiver, stack.start_receiver),
+            ("daemon", stack.daemon.process if stack.daemon else None, self._start_daemon),
+        ):
+            if process is None or process.poll() is None:
+                continue
+            try:
+                start()
+                self.restarts[name] += 1
+            except Exception as exc:
+                self.errors.append(f"{name}: {type(exc).__name__}: {exc}")
+
+    def _start_daemon(self) -> None:
+        daemon = self.stack.daemon
+        if daemon is not None:
             with contextlib.suppress(Exception):
                 daemon._log.close()
-            daemon.process = None
-            stack.start_daemon()
-            self.restarts["daemon"] += 1
+        self.stack.start_daemon()
