@@ -173,7 +173,7 @@ def report(args, stream, kills, supervisor, faults, stats, verdict, settled, ela
     )
     print("published: " + " ".join(f"{k}={v}" for k, v in sorted(expected.kinds.items())))
     print(
-        f"kills: total={sum(kills.killed.values())} "
+        f"kills: total={sum(kills.killed.values())} skipped={kills.skipped} "
         + " ".join(f"{k}={v}" for k, v in sorted(kills.killed.items()))
     )
     print("faults: " + " ".join(f"{k}={v}" for k, v in sorted(faults.done.items())))

@@ -18,7 +18,7 @@ import psutil
 from bench.faults.stack import Stack
 
 KINDS = ("run", "step", "daemon", "code_server", "receiver")
-WEIGHTS = {"run": 3, "step": 3, "daemon": 1, "code_server": 1, "receiver": 1}
+WEIGHTS = {"run": 4, "step": 4, "daemon": 1, "code_server": 1, "receiver": 1}
 
 
 def kind_of(proc: psutil.Process) -> str | None:
@@ -65,6 +65,8 @@ class KillSchedule:
         self.rng = rng
         self.kinds = kinds
         self.killed: Counter = Counter()
+        #: Draws of a kind that had no process old enough to kill at that moment.
+        self.skipped = 0
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="kills", daemon=True)
@@ -104,12 +106,17 @@ class KillSchedule:
         return found
 
     def kill_one(self) -> str | None:
-        found = {kind: procs for kind, procs in self.candidates().items() if procs}
+        """Kill one process of a kind drawn by weight; none if that kind has none alive.
+
+        Drawing the kind first keeps each kind's rate fixed: while runs are down, the daemon
+        and code server are not killed more often for being the only ones left.
+        """
+        kind = self.rng.choices(self.kinds, weights=[WEIGHTS[k] for k in self.kinds])[0]
+        found = self.candidates()[kind]
         if not found:
+            self.skipped += 1
             return None
-        kinds = sorted(found)
-        kind = self.rng.choices(kinds, weights=[WEIGHTS[k] for k in kinds])[0]
-        proc = self.rng.choice(found[kind])
+        proc = self.rng.choice(found)
         with contextlib.suppress(psutil.Error):
             proc.kill()
             psutil.wait_procs([proc], timeout=10)
