@@ -81,8 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     if workdir.exists() and any(workdir.iterdir()):
         say(f"{workdir} is not empty: a drain starts from nothing")
         return 2
-    # Torn down on SIGTERM too: a killed harness must not leave its stack running.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    # Torn down on SIGTERM too: a killed harness must not leave its stack running. Only the
+    # first signal counts (``timeout`` forwards one more), so the teardown is not cut short.
+    def terminate(*_: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, terminate)
     settings = StackSettings(
         workdir=workdir,
         database=args.database,
