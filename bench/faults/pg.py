@@ -12,6 +12,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,11 +41,15 @@ class PgCluster:
     """``initdb`` + ``pg_ctl`` on a free port under ``root``; trust auth for ``postgres``."""
 
     def __init__(self, root: Path) -> None:
+        self._as_postgres = os.geteuid() == 0
+        if self._as_postgres:
+            # The postgres user may not be able to reach ``root`` (pytest's tmp_path is private
+            # to root): the cluster lives in a directory of its own under the system temp dir.
+            root = Path(tempfile.mkdtemp(prefix=f"faults_{root.name}_"))
         self.root = root
         self.data = root / "data"
         self.port = _free_port()
         self.bin = _bin_dir()
-        self._as_postgres = os.geteuid() == 0
 
     @property
     def server_url(self) -> str:
