@@ -9,6 +9,7 @@ enforcement, and that concurrent duplicates still create a single message.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -477,3 +478,99 @@ def test_api_key_enforced_on_batch() -> None:
         assert batch(c, items).status_code == 401
         ok = batch(c, items, headers={"Authorization": "Bearer s3cret"})
         assert ok.status_code == 200 and ok.json()["results"][0]["status"] == 200
+
+
+def test_the_sandbox_remembers_every_webhook_it_planned_and_what_became_of_it() -> None:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from email_platform.sandbox.asgi import BackgroundServer
+    from email_platform.sandbox.emitter import WebhookPlan
+
+    seen: Counter = Counter()
+
+    async def receive(request: Request) -> Response:
+        event = json.loads(await request.body())
+        seen[event["id"]] += 1
+        if event["type"] == "email.bounced":
+            return Response(status_code=401)  # refused for good
+        return Response(status_code=503 if seen[event["id"]] == 1 else 200)  # once, then fine
+
+    secret = "whsec_" + "c2VjcmV0LWtleS1mb3ItdGVzdHMtb25seQ=="
+    with BackgroundServer(Starlette(routes=[Route("/hook", receive, methods=["POST"])])) as hook:
+        rates = {"bounce_rate": 0, "complaint_rate": 0, "unsubscribe_rate": 0, "open_rate": 0}
+        plan = WebhookPlan(f"{hook}/hook", secret, delay_s=0, duplicate_rate=0, **rates)
+        with SandboxServer(SandboxConfig(webhooks=plan, seed=1)) as url:
+            for to in ("a@example.com", "b+bounce@example.com"):
+                body = {"to": to, "from": "x@example.com", "subject": "s", "text": "t"}
+                headers = {"Idempotency-Key": to}
+                httpx.post(f"{url}/v1/send", json=body, headers=headers).raise_for_status()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                answer = httpx.get(f"{url}/_sandbox/webhooks").json()
+                if answer["posting"] == 0:
+                    break
+                time.sleep(0.05)
+            page = httpx.get(f"{url}/_sandbox/webhooks", params={"offset": 1, "limit": 5}).json()
+            refused = httpx.get(f"{url}/_sandbox/webhooks", params={"limit": "x"})
+    records = {r["event"]["data"]["to"]: r for r in answer["webhooks"]}
+    assert answer["total"] == 2 and page["webhooks"] == answer["webhooks"][1:]
+    delivered, bounced = records["a@example.com"], records["b+bounce@example.com"]
+    assert (delivered["event"]["type"], delivered["delivered"]) == ("email.delivered", True)
+    assert (delivered["outcome"], delivered["attempts"], delivered["last_status"]) == (
+        "delivered",
+        2,
+        200,
+    )
+    assert (bounced["delivered"], bounced["outcome"], bounced["last_status"]) == (
+        False,
+        "refused",
+        401,
+    )
+    assert bounced["event"]["data"]["metadata"] == {}
+    assert refused.status_code == 422
+
+
+def test_the_sandbox_posts_at_most_max_in_flight_webhooks_at_once() -> None:
+    """Every message's events used to be posted at once, and a wait for one of httpx's 100
+    connections counted against the 5 s timeout: 400 messages against a busy receiver timed
+    out every post (0 delivered, 990 failed attempts in 54 s)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from email_platform.sandbox.asgi import BackgroundServer
+    from email_platform.sandbox.emitter import WebhookPlan
+
+    now = {"in_flight": 0, "most": 0, "seen": 0}
+
+    async def receive(request: Request) -> Response:
+        now["in_flight"] += 1
+        now["most"] = max(now["most"], now["in_flight"])
+        await asyncio.sleep(0.02)
+        now["in_flight"] -= 1
+        now["seen"] += 1
+        return Response(status_code=200)
+
+    secret = "whsec_" + "c2VjcmV0LWtleS1mb3ItdGVzdHMtb25seQ=="
+    with BackgroundServer(Starlette(routes=[Route("/hook", receive, methods=["POST"])])) as hook:
+        plan = WebhookPlan(f"{hook}/hook", secret, delay_s=0, duplicate_rate=0, max_in_flight=4)
+        with SandboxServer(SandboxConfig(webhooks=plan, seed=2)) as url:
+            mail = {"from": "x@example.com", "subject": "s", "text": "t"}
+            messages = [
+                {**mail, "to": f"m{n}@example.com", "idempotency_key": f"k{n}"} for n in range(40)
+            ]
+            httpx.post(f"{url}/v1/send/batch", json={"messages": messages}).raise_for_status()
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                answer = httpx.get(f"{url}/_sandbox/webhooks", params={"limit": 0}).json()
+                if answer["posting"] == 0:
+                    break
+                time.sleep(0.05)
+            stats = httpx.get(f"{url}/_sandbox/stats").json()
+    assert stats["webhooks_delivered"] == stats["webhooks_planned"] == now["seen"] > 40
+    assert stats["webhook_failed_attempts"] == 0
+    assert now["most"] == 4

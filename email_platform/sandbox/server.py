@@ -29,6 +29,10 @@ Behaviour worth knowing when writing tests against it:
   5xx | 4xx, "error": {...}, "retry_after"}``. Each message goes through the same keys and faults
   as a single send. A ``timeout`` or ``accept_timeout`` fault on any message stalls the whole
   answer, as a slow provider would; what was accepted before the stall stays accepted.
+* ``GET /_sandbox/webhooks[?offset=&limit=]`` lists the webhook events planned so far, oldest
+  first: ``{"webhooks": [{"event", "attempts", "last_status", "delivered", "outcome"}],
+  "total", "posting"}`` (``outcome``: null while posting, ``delivered``, ``refused`` or
+  ``exhausted``; ``posting``: messages whose events are still being posted).
 * ``api_key`` only guards the send endpoints; the ``/_sandbox/*`` control endpoints stay open so
   a test harness can inspect the server without knowing the key.
 """
@@ -255,6 +259,19 @@ def create_app(config: SandboxConfig) -> Starlette:
             messages = [m for m in messages if m["metadata"].get("event_id") == event_id]
         return _json(200, {"messages": messages})
 
+    async def list_webhooks(request: Request) -> Response:
+        emitter = state.emitter
+        try:
+            offset = max(0, int(request.query_params.get("offset", "0")))
+            limit = request.query_params.get("limit")
+            count = None if limit is None else max(0, int(limit))
+        except ValueError:
+            return _error(422, "invalid_request", "offset and limit must be integers")
+        records = emitter.planned(offset, count) if emitter is not None else []
+        total = len(emitter.records) if emitter is not None else 0
+        posting = len(emitter.tasks) if emitter is not None else 0
+        return _json(200, {"webhooks": records, "total": total, "posting": posting})
+
     async def stats(request: Request) -> Response:
         return _json(200, state.stats())
 
@@ -298,6 +315,7 @@ def create_app(config: SandboxConfig) -> Starlette:
             Route("/v1/send", send, methods=["POST"]),
             Route("/v1/send/batch", send_batch, methods=["POST"]),
             Route("/_sandbox/messages", list_messages, methods=["GET"]),
+            Route("/_sandbox/webhooks", list_webhooks, methods=["GET"]),
             Route("/_sandbox/stats", stats, methods=["GET"]),
             Route("/_sandbox/faults", add_faults, methods=["POST"]),
             Route("/_sandbox/faults", list_faults, methods=["GET"]),

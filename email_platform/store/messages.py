@@ -242,6 +242,16 @@ def find_for_provider_event(
     return None
 
 
+def lock_delivery_status(connection: Connection, message_id: int) -> str | None:
+    """Lock the message's row until commit (PostgreSQL; SQLite's writer lock already holds)
+    and return its delivery status as of then."""
+    return connection.execute(
+        select(messages.c.delivery_status)
+        .where(messages.c.message_id == message_id)
+        .with_for_update()
+    ).scalar()
+
+
 def set_delivery_status(
     connection: Connection, message_id: int, delivery_status: str, now: datetime
 ) -> None:

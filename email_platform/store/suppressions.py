@@ -4,6 +4,7 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from sqlalchemy import Connection, insert, select, update
+from sqlalchemy.exc import IntegrityError
 
 from email_platform.db.schema import suppressions
 
@@ -25,25 +26,36 @@ def add(
     now: datetime,
     event_id: str | None = None,
 ) -> bool:
-    """Suppress ``address``; returns False if it already was (the strongest reason stays)."""
+    """Suppress ``address``; returns False if it already was (the strongest reason stays).
+
+    Safe under concurrent writers: the insert is the arbiter (a racing loser's unique
+    violation is caught in a savepoint), and a reason replaces only a weaker one, in the
+    UPDATE's own WHERE, which PostgreSQL re-checks on a row another transaction just changed.
+    """
     key = normalize(address)
     current = connection.execute(
         select(suppressions.c.reason).where(suppressions.c.address == key)
     ).scalar()
-    if current is not None:
-        if STRENGTH.get(reason, 0) > STRENGTH.get(current, 0):
-            connection.execute(
-                update(suppressions)
-                .where(suppressions.c.address == key)
-                .values(reason=reason, source=source, event_id=event_id)
-            )
-        return False
-    connection.execute(
-        insert(suppressions).values(
-            address=key, reason=reason, source=source, event_id=event_id, created_at=now
+    if current is None:
+        try:
+            with connection.begin_nested():
+                connection.execute(
+                    insert(suppressions).values(
+                        address=key, reason=reason, source=source, event_id=event_id, created_at=now
+                    )
+                )
+            return True
+        except IntegrityError:
+            pass  # inserted by another transaction since the read
+    strength = STRENGTH.get(reason, 0)
+    if strength > 0:
+        as_strong = [name for name, value in STRENGTH.items() if value >= strength]
+        connection.execute(
+            update(suppressions)
+            .where(suppressions.c.address == key, suppressions.c.reason.not_in(as_strong))
+            .values(reason=reason, source=source, event_id=event_id)
         )
-    )
-    return True
+    return False
 
 
 def reasons_for(connection: Connection, addresses: Iterable[str]) -> dict[str, str]:

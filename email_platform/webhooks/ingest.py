@@ -169,11 +169,14 @@ class WebhookIngestor:
             )
         else:
             # Recomputed from every stored event: the same answer in any order, and after a
-            # re-normalization that removed events.
+            # re-normalization that removed events. The row lock makes concurrent runs take
+            # turns, so the last one reads the events of all the others (without it, two runs
+            # each read only their own and the last to write won).
+            current = messages.lock_delivery_status(connection, message.message_id)
             state = None
             for kind in email_events.types_for_message(connection, message.message_id):
                 state = combine(state, kind)
-            if state != message.delivery_status:
+            if state != current:
                 messages.set_delivery_status(connection, message.message_id, state, now)
         reason = event.suppression_reason
         if (
