@@ -6,6 +6,7 @@ from typing import Any
 
 from dagster import (
     DagsterInstance,
+    DagsterInvariantViolationError,
     DagsterRunStatus,
     DefaultSensorStatus,
     RunRequest,
@@ -143,7 +144,15 @@ def _is_dead(beat: Any, started_ts: float, now_ts: float) -> bool:
     return now_ts - as_utc(beat.heartbeat_at).timestamp() > HEARTBEAT_STALE_S
 
 
-def report_dead_holders(instance: DagsterInstance, run_ids: Sequence[str]) -> int:
+def _instance_of(context: SensorEvaluationContext) -> DagsterInstance | None:
+    """The sensor's instance; None for a context built without one (no runs to fail)."""
+    try:
+        return context.instance
+    except DagsterInvariantViolationError:
+        return None
+
+
+def report_dead_holders(instance: DagsterInstance | None, run_ids: Sequence[str]) -> int:
     """Mark failed the started runs whose claims went unrenewed past their lease.
 
     Their process is gone (the default run launcher does not notice a killed run process), so
@@ -151,6 +160,8 @@ def report_dead_holders(instance: DagsterInstance, run_ids: Sequence[str]) -> in
     sensor give back at once what they still hold.
     """
     reported = 0
+    if instance is None:
+        return reported
     for run_id in run_ids:
         run = instance.get_run_by_id(run_id)
         if run is not None and run.status in (DagsterRunStatus.STARTING, DagsterRunStatus.STARTED):
@@ -222,9 +233,9 @@ def make_outbox_sensor(lane: Lane) -> SensorDefinition:
         now = utcnow()
         limit = config.batch_size * config.max_runs_per_tick
         with app_database.get_engine().begin() as connection:
-            report_dead_holders(
-                context.instance, outbox.holders_past_lease(connection, lane.value, now)
-            )
+            holders = outbox.holders_past_lease(connection, lane.value, now)
+            if holders:
+                report_dead_holders(_instance_of(context), holders)
             rows = outbox.find_requestable(
                 connection, lane.value, now, config.request_timeout_s, limit
             )
