@@ -17,21 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from sqlalchemy import Column, Engine, MetaData, String, Table, insert, update
+from sqlalchemy import Engine, insert, update
 from sqlalchemy.exc import DBAPIError
 
+from bench.harness import users
 from email_platform import publish
 from email_platform.db.schema import email_outbox
 from email_platform.store import suppressions
 from email_platform.timeutil import utcnow
-
-_product = MetaData()
-users = Table(
-    "users",
-    _product,
-    Column("id", String(64), primary_key=True),
-    Column("email", String(320), nullable=False),
-)
 
 #: Poison: how a good signup's payload is rewritten, and the dead letter's reason it must get.
 POISONS: dict[str, tuple[dict, str]] = {
@@ -76,7 +69,7 @@ class Expected:
 
 def prepare(engine: Engine) -> None:
     with engine.begin() as connection:
-        _product.create_all(connection)
+        users.metadata.create_all(connection)
 
 
 class Stream:
