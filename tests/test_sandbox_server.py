@@ -110,7 +110,11 @@ def test_accept_records_message_and_filters_by_event(client: httpx.Client) -> No
         "accepted": 2,
         "repeated_keys": 0,
         "faults": dict.fromkeys(
-            ["429", "500", "503", "timeout", "accept_timeout", "422", "400", "401"], 0
+            [
+                *("429", "500", "503", "timeout", "accept_timeout", "reset", "accept_reset"),
+                *("422", "400", "401"),
+            ],
+            0,
         ),
     }
 
@@ -181,6 +185,32 @@ def test_accept_timeout_records_then_replays_same_id(client: httpx.Client) -> No
     assert retry.headers["idempotent-replayed"] == "true"
     s = stats(client)
     assert s["accepted"] == 1 and s["faults"]["accept_timeout"] == 1 and s["repeated_keys"] == 1
+
+
+def test_a_reset_cuts_the_answer_and_records_only_after_acceptance(client: httpx.Client) -> None:
+    for key, to, recorded in (
+        ("k-rs", "jane+resetx1@x.com", 0),
+        ("k-ar", "joe+acceptresetx1@x.com", 1),
+    ):
+        with pytest.raises(httpx.RemoteProtocolError):
+            send(client, key, payload(to=to))
+        assert [m["idempotency_key"] for m in messages(client)].count(key) == recorded
+        retry = send(client, key, payload(to=to))
+        assert retry.status_code == 200
+        assert (retry.headers.get("idempotent-replayed") == "true") == bool(recorded)
+    s = stats(client)
+    assert s["accepted"] == 2 and s["faults"]["reset"] == s["faults"]["accept_reset"] == 1
+
+
+def test_a_reset_in_a_batch_cuts_the_whole_answer_and_keeps_what_it_accepted(
+    client: httpx.Client,
+) -> None:
+    items = [("r1", payload(to="a@example.com")), ("r2", payload(to="b+resetx1@x.com"))]
+    with pytest.raises(httpx.RemoteProtocolError):
+        batch(client, items)
+    assert [m["idempotency_key"] for m in messages(client)] == ["r1"]
+    retry = batch(client, items).json()["results"]
+    assert [(r["status"], r["replayed"]) for r in retry] == [(200, True), (200, False)]
 
 
 def test_timeout_directive_stalls_then_fails_without_recording(client: httpx.Client) -> None:

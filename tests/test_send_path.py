@@ -192,6 +192,21 @@ def test_accepted_then_timeout_is_not_sent_twice(engine, database_url, sandbox):
     assert tries[1].provider_message_id == seen["id"]
 
 
+def test_a_connection_cut_mid_answer_is_retried_under_the_same_key(engine, database_url, sandbox):
+    cut_after = signup(engine, "u1", email="u1+acceptresetx1@example.com")
+    cut_before = signup(engine, "u2", email="u2+resetx1@example.com")
+    result = run_send(database_url, sandbox.base_url, "transactional", [cut_after, cut_before])
+    assert result.success
+    for event_id in (cut_after, cut_before):
+        tries = attempts_of(engine, event_id)
+        assert [a.outcome for a in tries] == ["transient", "accepted"]
+        assert "RemoteProtocolError" in tries[0].error
+    stats = sandbox_stats(sandbox.base_url)
+    # Accepted once each; the retry of the one accepted before the cut was answered from its key.
+    assert stats["accepted"] == 2 and stats["repeated_keys"] == 1
+    assert stats["faults"]["reset"] == stats["faults"]["accept_reset"] == 1
+
+
 def test_permanent_failure_is_dead_lettered_without_retry(engine, database_url, sandbox):
     bad = signup(engine, "u1", email="u1+reject@example.com")
     good = signup(engine, "u2")
@@ -256,6 +271,79 @@ def test_replay_after_a_template_fix_sends_exactly_once(engine, database_url, sa
     # Replaying again finds nothing to do and sends nothing.
     assert run_send(database_url, sandbox.base_url, "transactional", [event_id]).success
     assert len(sandbox_messages(sandbox.base_url)) == 1
+
+
+def test_a_message_whose_own_bounce_suppressed_its_address_is_recorded_sent_not_suppressed(
+    engine, database_url, sandbox
+):
+    """Found by the fault harness: the provider accepted a message whose answer timed out;
+    before the retry its bounce arrived and suppressed the address. The retry must record it
+    as sent (the webhook proves it went), not as suppressed, and must not call again."""
+    from email_platform.admin import requeue_dead_letters
+    from email_platform.store import dead_letters, email_events
+
+    address = "u1+accepttimeoutx1@example.com"
+    event_id = signup(engine, "u1", email=address)
+    lanes = {"transactional": {"retry_delay_s": 0.01, "max_retries": 0}}
+    first = run_send(
+        database_url, sandbox.base_url, "transactional", [event_id], lanes=lanes, timeout_s=0.5
+    )
+    assert not first.success
+    (letter,) = dead_letters_of(engine, event_id)
+    assert letter.reason == "retries_exhausted"
+    (accepted,) = sandbox_messages(sandbox.base_url)
+    (message,) = messages_of(engine, event_id)
+    now = utcnow()
+    with engine.begin() as connection:
+        email_events.add(
+            connection,
+            {
+                "provider": "sandbox",
+                "provider_event_id": "evt_bounce_1",
+                "event_type": "bounced",
+                "occurred_at": now,
+                "received_at": now,
+                "event_id": event_id,
+                "idempotency_key": message.idempotency_key,
+                "message_id": message.message_id,
+                "provider_message_id": accepted["id"],
+                "recipient": address,
+            },
+        )
+        suppressions.add(connection, address, reason="hard_bounce", source="test", now=now)
+        letters = dead_letters.list_letters(connection)
+    requeue_dead_letters(engine, letters)
+    replayed = run_send(database_url, sandbox.base_url, "transactional", [event_id])
+    assert replayed.success
+    (message,) = messages_of(engine, event_id)
+    assert (message.status, message.provider_message_id) == ("sent", accepted["id"])
+    assert [a.outcome for a in attempts_of(engine, event_id)] == ["transient", "accepted"]
+    assert event(engine, event_id).status == "done"
+    (letter,) = dead_letters_of(engine, event_id)
+    assert letter.status == "replayed"
+    stats = sandbox_stats(sandbox.base_url)
+    assert stats["accepted"] == 1 and stats["requests"] == 1  # recorded, not asked again
+
+
+def test_a_suppressed_address_without_provider_events_is_still_suppressed_on_retry(
+    engine, database_url, sandbox
+):
+    from email_platform.admin import requeue_dead_letters
+    from email_platform.store import dead_letters
+
+    address = "u1+503x1@example.com"
+    event_id = signup(engine, "u1", email=address)
+    lanes = {"transactional": {"retry_delay_s": 0.01, "max_retries": 0}}
+    assert not run_send(
+        database_url, sandbox.base_url, "transactional", [event_id], lanes=lanes
+    ).success
+    with engine.begin() as connection:
+        suppressions.add(connection, address, reason="hard_bounce", source="test", now=utcnow())
+        letters = dead_letters.list_letters(connection)
+    requeue_dead_letters(engine, letters)
+    assert run_send(database_url, sandbox.base_url, "transactional", [event_id]).success
+    assert messages_of(engine, event_id)[0].status == "suppressed"
+    assert sandbox_stats(sandbox.base_url)["accepted"] == 0
 
 
 def test_reexecuting_the_failed_run_replays_with_the_original_key(

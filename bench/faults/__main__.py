@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.faults import program
+from bench.faults import program, webhooks
 from bench.faults.checker import Verdict, check
 from bench.faults.kills import KINDS, KillSchedule, Supervisor
 from bench.faults.stack import Stack, StackSettings
@@ -44,6 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--settle-s", type=float, default=300.0)
     parser.add_argument("--keyless", action="store_true", help="a provider without keys")
     parser.add_argument("--no-webhooks", action="store_true")
+    parser.add_argument(
+        "--hostile-webhooks", type=int, default=6, help="hostile posts of each kind after the drain"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--poison-share", type=float, default=0.01)
     parser.add_argument("--workdir", type=Path)
@@ -95,8 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         mode=args.mode,
         seed=args.seed,
         idempotency=not args.keyless,
-        # Without keys a timeout after acceptance doubles by design: measure only the window.
+        # Without keys a lost answer after acceptance doubles by design: measure only the window.
         rate_accept_timeout=0.0 if args.keyless else 0.002,
+        rate_accept_reset=0.0 if args.keyless else 0.002,
         webhooks=not args.no_webhooks,
     )
     started = time.monotonic()
@@ -134,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     faults.at(publish_s * 0.4, "extra_batch_run", lambda: program.extra_batch_run(stack))
     verdict = Verdict()
     stats: dict = {"faults": {}, "accepted": 0, "repeated_keys": 0}
+    hooks: tuple | None = None
     settled = False
     try:
         kills.start()
@@ -160,17 +165,33 @@ def main(argv: list[str] | None = None) -> int:
             stats["repeated_keys"],
             keyless=args.keyless,
         )
+        if not args.no_webhooks:
+            say("  hostile webhooks, the receiver killed meanwhile")
+            hooks = program.hostile_webhooks(stack, rng, args.hostile_webhooks)
+            faults.done["hostile_webhooks"] += 1
+            verdict.add_webhooks(hooks[2], hooks[0])
     finally:
         kills.stop()
         supervisor.stop()
         stack.stop()
     report(
-        args, stream, kills, supervisor, faults, stats, verdict, settled, time.monotonic() - started
+        args,
+        stream,
+        kills,
+        supervisor,
+        faults,
+        stats,
+        verdict,
+        settled,
+        time.monotonic() - started,
+        hooks,
     )
     return 0 if verdict.lost == verdict.doubled == verdict.wrong == 0 else 1
 
 
-def report(args, stream, kills, supervisor, faults, stats, verdict, settled, elapsed_s) -> None:  # type: ignore[no-untyped-def]
+def report(  # type: ignore[no-untyped-def]
+    args, stream, kills, supervisor, faults, stats, verdict, settled, elapsed_s, hooks
+) -> None:
     expected = stream.expected
     print(f"command: python -m bench.faults {' '.join(sys.argv[1:])}")
     print(
@@ -189,6 +210,19 @@ def report(args, stream, kills, supervisor, faults, stats, verdict, settled, ela
         + f" accepted={stats['accepted']} replayed_keys={stats['repeated_keys']}"
     )
     print("fates: " + " ".join(f"{k}={v}" for k, v in sorted(verdict.fates.items())))
+    if hooks is not None:
+        counts, receiver_kills, found = hooks
+        print(
+            f"webhooks: planned={found.counts['planned']} applied={found.counts['email_events']} "
+            f"messages={found.counts['messages']} "
+            f"suppressions={found.counts['suppressions_expected']} "
+            f"receiver_kills={receiver_kills} inbox_settled={bool(counts['inbox_settled'])} "
+            + " ".join(
+                f"{kind}={counts[kind]}"
+                for kind in (*webhooks.HOSTILE_KINDS, *webhooks.ALARMS)
+                if kind in counts
+            )
+        )
     print("restarts: " + " ".join(f"{k}={v}" for k, v in sorted(supervisor.restarts.items())))
     for problem in supervisor.errors:
         print(f"restart failed (tried again): {problem}")

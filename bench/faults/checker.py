@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine, func, select
 
 from bench.faults.stream import DUPLICATE, SENT, Expected
+from bench.faults.webhooks import WebhookVerdict
 from email_platform.db.schema import dead_letters, email_attempts, email_messages, email_outbox
 
 TERMINAL_EVENT = ("done", "dead")
@@ -40,6 +41,18 @@ class Verdict:
     accepted_twice: Counter = field(default_factory=Counter)
     #: Requests the sandbox answered from a stored key (a resend it absorbed).
     replayed_keys: int = 0
+
+    def add_webhooks(self, found: "WebhookVerdict", counts: Counter) -> None:
+        """Fold in the webhook scenario's verdict; a hostile body the receiver accepted, or
+        answered with a 5xx, is wrong."""
+        self.lost += found.lost
+        self.doubled += found.doubled
+        self.wrong += found.wrong + counts["hostile_accepted"] + counts["hostile_5xx"]
+        for detail in found.details:
+            self.note(f"webhook {detail}")
+        for alarm in ("hostile_accepted", "hostile_5xx"):
+            if counts[alarm]:
+                self.note(f"webhook wrong: {counts[alarm]} {alarm}")
 
     def note(self, what: str) -> None:
         if len(self.details) < 40:

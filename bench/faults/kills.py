@@ -56,10 +56,14 @@ class KillSchedule:
         rng: random.Random,
         kinds: tuple[str, ...] = KINDS,
         min_age_s: float = 10.0,
+        min_run_age_s: float = 1.0,
     ) -> None:
-        #: A process younger than this is left alone: killing a daemon or code server again
+        #: A service younger than this is left alone: killing a daemon or code server again
         #: before it has come up would only keep the system from doing anything.
         self.min_age_s = min_age_s
+        #: Runs and steps need far less: a batch run lives a few seconds, and a run killed
+        #: as it starts is a fault worth having.
+        self.min_run_age_s = min_run_age_s
         self.stack = stack
         self.every_s = every_s
         self.rng = rng
@@ -84,7 +88,7 @@ class KillSchedule:
     def _loop(self) -> None:
         while not self._stop.wait(self.every_s * self.rng.uniform(0.5, 1.5)):
             try:
-                self.kill_one()
+                self.kill_one(patience_s=self.every_s / 2)
             except Exception as exc:  # a fault of the harness must not end the run silently
                 self.errors.append(f"{type(exc).__name__}: {exc}")
 
@@ -93,26 +97,32 @@ class KillSchedule:
         daemon = self.stack.daemon
         now = time.time()
         for proc in self.stack.processes():
-            try:
-                if now - proc.create_time() < self.min_age_s:
-                    continue
-            except psutil.Error:
-                continue
             kind = kind_of(proc)
             if daemon is not None and daemon.process is not None and proc.pid == daemon.process.pid:
                 kind = "daemon"
-            if kind in found:
-                found[kind].append(proc)
+            if kind not in found:
+                continue
+            min_age_s = self.min_run_age_s if kind in ("run", "step") else self.min_age_s
+            try:
+                if now - proc.create_time() < min_age_s:
+                    continue
+            except psutil.Error:
+                continue
+            found[kind].append(proc)
         return found
 
-    def kill_one(self) -> str | None:
-        """Kill one process of a kind drawn by weight; none if that kind has none alive.
+    def kill_one(self, patience_s: float = 0.0) -> str | None:
+        """Kill one process of a kind drawn by weight, waiting up to ``patience_s`` for one to
+        be alive (batch runs come and go); none if that kind has none by then.
 
         Drawing the kind first keeps each kind's rate fixed: while runs are down, the daemon
         and code server are not killed more often for being the only ones left.
         """
         kind = self.rng.choices(self.kinds, weights=[WEIGHTS[k] for k in self.kinds])[0]
+        deadline = time.monotonic() + patience_s
         found = self.candidates()[kind]
+        while not found and time.monotonic() < deadline and not self._stop.wait(0.25):
+            found = self.candidates()[kind]
         if not found:
             self.skipped += 1
             return None

@@ -1,11 +1,13 @@
 """Faults other than kills, each at its moment of the drain: the provider's outage, the
 application database's restart, its absence and a lock on the outbox, and the races (a lower
 event id committed after higher ones, the same events sent by an extra batch run while the lane
-sends them, one operator replay run twice at once).
+sends them, one operator replay run twice at once), and after the drain the hostile webhook
+traffic, with the receiver killed while it comes in.
 """
 
 import contextlib
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -16,6 +18,8 @@ from collections.abc import Callable
 import httpx
 from sqlalchemy import create_engine, text
 
+from bench.faults import webhooks
+from bench.faults.kills import KillSchedule
 from bench.faults.stack import Stack
 from bench.faults.stream import SENT, Stream
 from email_platform import publish
@@ -90,6 +94,39 @@ def outbox_locked(stack: Stack, seconds: float) -> None:
             connection.exec_driver_sql("ROLLBACK")
     finally:
         engine.dispose()
+
+
+# -- webhooks -----------------------------------------------------------------------------
+def hostile_webhooks(
+    stack: Stack, rng: random.Random, size: int, receiver_kills: int = 2
+) -> tuple[Counter, int, webhooks.WebhookVerdict]:
+    """Duplicates, reorders, forged and stale signatures, replayed delivery ids, oversized
+    bodies and a flood, posted to the receiver beside the sandbox's own webhooks for the
+    drain's messages, the receiver killed ``receiver_kills`` times meanwhile (each time it is
+    back up); then every webhook the sandbox planned is checked against the database.
+    Returns the injector's counts, the receiver kills and the verdict."""
+    base_url = stack.sandbox.base_url
+    planned = webhooks.wait_posted(base_url, timeout_s=300)
+    posted: dict[str, Counter] = {}
+    posting = threading.Thread(
+        target=lambda: posted.setdefault(
+            "counts", webhooks.inject(stack.receiver_url, stack.secret, planned, rng, size=size)
+        ),
+        name="hostile-webhooks",
+    )
+    posting.start()
+    # The posts take a second or two unless the receiver is down, so kill it at once and
+    # again as soon as the supervisor has it serving; the authentic posts retry meanwhile.
+    killer = KillSchedule(stack, 0, rng, ("receiver",), min_age_s=0.0)
+    while killer.killed["receiver"] < receiver_kills and posting.is_alive():
+        if stack.receiver_healthy():
+            killer.kill_one()
+        posting.join(0.3)
+    posting.join()
+    counts = posted.get("counts", Counter({"inject_failed": 1}))
+    records = webhooks.wait_posted(base_url, timeout_s=300)
+    counts["inbox_settled"] = int(webhooks.wait_settled(stack.engine, timeout_s=300))
+    return counts, killer.killed["receiver"], webhooks.check(stack.engine, records)
 
 
 # -- races ----------------------------------------------------------------------------------

@@ -60,6 +60,9 @@ class StackSettings:
     rate_429: float = 0.02
     rate_5xx: float = 0.02
     rate_accept_timeout: float = 0.002
+    #: The connection cut mid-answer, before or after the sandbox accepted the message.
+    rate_reset: float = 0.003
+    rate_accept_reset: float = 0.002
     retry_after_style: str = "mixed"
     #: False: the sandbox behaves as a provider without idempotency keys.
     idempotency: bool = True
@@ -128,6 +131,8 @@ class Stack:
                 rate_429=s.rate_429,
                 rate_5xx=s.rate_5xx,
                 rate_accept_timeout=s.rate_accept_timeout,
+                rate_reset=s.rate_reset,
+                rate_accept_reset=s.rate_accept_reset,
                 retry_after_s=0.3,
                 retry_after_style=s.retry_after_style,
                 timeout_delay_s=3.0,
@@ -238,12 +243,16 @@ class Stack:
         )
         self.receiver_starts += 1
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.receiver_url}/health", timeout=1).status_code == 200:
-                    return
+        while time.monotonic() < deadline and self.receiver.poll() is None:
+            if self.receiver_healthy():
+                return
             time.sleep(0.2)
         raise RuntimeError(f"the receiver did not come up; see {self.work / 'receiver.log'}")
+
+    def receiver_healthy(self) -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"{self.receiver_url}/health", timeout=1).status_code == 200
+        return False
 
     # -- the processes of this stack --------------------------------------------------------
     def processes(self) -> list[psutil.Process]:

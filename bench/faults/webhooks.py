@@ -33,6 +33,12 @@ from email_platform.webhooks.standard import TOLERANCE_S, sign
 from email_platform.webhooks.vocabulary import SUPPRESSING, combine
 
 MARK = "evt_faults_"
+#: What ``inject`` posts, by kind, and the counts that are 0 when the receiver behaves.
+HOSTILE_KINDS = (
+    *("reordered", "duplicate", "redelivered", "abandoned", "forged", "stale"),
+    *("oversized", "replayed", "flood", "flood_good"),
+)
+ALARMS = ("hostile_5xx", "hostile_accepted", "authentic_unacknowledged")
 WRONG_SECRET = "whsec_" + "bm90LXRoZS1yZWNlaXZlcnMta2V5"  # base64("not-the-receivers-key")
 
 

@@ -9,11 +9,23 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-FAULT_KINDS = ("429", "500", "503", "timeout", "accept_timeout", "422", "400", "401")
+FAULT_KINDS = (
+    *("429", "500", "503", "timeout", "accept_timeout", "reset", "accept_reset"),
+    *("422", "400", "401"),
+)
+#: Faults that cut the connection in the middle of the answer; ``accept_reset`` after the
+#: message was accepted (the client cannot tell which).
+CUT_KINDS = frozenset({"reset", "accept_reset"})
 RULE_KINDS = frozenset(FAULT_KINDS) - {"401"}
 
-_DIRECTIVE_RE = re.compile(r"^(429|500|503|timeout|accepttimeout|reject|400|401)(?:x(\d+))?$")
-_DIRECTIVE_KIND = {"accepttimeout": "accept_timeout", "reject": "422"}
+_DIRECTIVE_RE = re.compile(
+    r"^(429|500|503|timeout|accepttimeout|reset|acceptreset|reject|400|401)(?:x(\d+))?$"
+)
+_DIRECTIVE_KIND = {
+    "accepttimeout": "accept_timeout",
+    "acceptreset": "accept_reset",
+    "reject": "422",
+}
 
 
 def retry_after_value(seconds: float) -> str:

@@ -11,10 +11,11 @@ Behaviour worth knowing when writing tests against it:
 * Faults are decided in this order:
 
   1. directives in the recipient's local part after ``+``: ``429x2``, ``500x1``, ``503x3``,
-     ``timeoutx1``, ``accepttimeoutx1``, ``reject`` (422), ``400``, ``401``. ``xN`` covers the
-     first N attempts of that idempotency key; a directive without ``xN`` applies to every
-     attempt. Several directives run one after the other, so ``jane+429x1+500x1@example.com``
-     answers 429, then 500, then accepts. Unknown ``+tags`` are ignored.
+     ``timeoutx1``, ``accepttimeoutx1``, ``resetx1``, ``acceptresetx1``, ``reject`` (422),
+     ``400``, ``401``. ``xN`` covers the first N attempts of that idempotency key; a directive
+     without ``xN`` applies to every attempt. Several directives run one after the other, so
+     ``jane+429x1+500x1@example.com`` answers 429, then 500, then accepts. Unknown ``+tags``
+     are ignored.
   2. rules added through ``POST /_sandbox/faults``; each firing uses up one of its ``times``;
      ``DELETE /_sandbox/faults`` drops them all (an outage ends).
   3. the random rates of :class:`SandboxConfig`, only on the first attempt of a key. The 5xx
@@ -23,6 +24,9 @@ Behaviour worth knowing when writing tests against it:
 * ``timeout`` stalls ``timeout_delay_s`` and then answers 503 (nothing recorded);
   ``accept_timeout`` records the message first and then stalls before answering 200, which
   is the "provider accepted but the client gave up" case that idempotency must absorb.
+  ``reset`` and ``accept_reset`` start a 200 answer and close the connection halfway through
+  its body, before or after recording the message: the client cannot tell which. In a batch
+  answer either cuts the whole answer; what was accepted stays accepted.
 * ``POST /v1/send/batch`` takes ``{"messages": [...]}`` (1 to ``BATCH_MAX`` messages, each the
   body ``/v1/send`` takes plus its own ``idempotency_key``) and answers 200 with one result per
   message, in order: ``{"status": 200, "id", "accepted_at", "replayed"}`` or ``{"status": 429 |
@@ -42,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import random
 import sys
 from typing import Any
@@ -54,6 +59,7 @@ from starlette.routing import Route
 
 from email_platform.sandbox.asgi import BackgroundServer, bind, url_for, uvicorn_config
 from email_platform.sandbox.faults import (
+    CUT_KINDS,
     RETRY_AFTER_STYLES,
     parse_rule,
     retry_after_header,
@@ -135,9 +141,37 @@ def _fault_response(kind: str, retry_after: str) -> Response:
     return _error(status, code, message, {"Retry-After": retry_after} if kind == "429" else None)
 
 
+class _CutAnswer(Response):
+    """Starts a 200 answer and hangs up halfway through its body: the connection reset in the
+    middle of a request that a client sees as a broken answer, accepted or not."""
+
+    def __init__(self, body: bytes) -> None:
+        super().__init__(body, media_type=_JSON)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        half = bytes(self.body[: len(self.body) // 2])
+        await send({"type": "http.response.body", "body": half, "more_body": True})
+        # Returning unfinished makes uvicorn close the connection, which is the fault.
+
+
+class _QuietCuts(logging.Filter):
+    """Drops uvicorn's complaint about the answers ``_CutAnswer`` leaves unfinished."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "ASGI callable returned without completing response."
+
+
+def _quiet_cuts() -> None:
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _QuietCuts) for f in logger.filters):
+        logger.addFilter(_QuietCuts())
+
+
 def create_app(config: SandboxConfig) -> Starlette:
     """Build the sandbox provider ASGI app; its state lives on ``app.state.sandbox``."""
     state = SandboxState(config)
+    _quiet_cuts()
     expected_auth = f"Bearer {config.api_key}".encode() if config.api_key is not None else None
     if config.retry_after_style not in RETRY_AFTER_STYLES:
         raise ValueError(f"retry_after_style must be one of {RETRY_AFTER_STYLES}")
@@ -204,6 +238,8 @@ def create_app(config: SandboxConfig) -> Starlette:
             )
         if fault is None:
             return Response(body, media_type=_JSON)
+        if fault in CUT_KINDS:
+            return _CutAnswer(body or dumps({"id": None}))
         if fault in ("timeout", "accept_timeout"):
             await asyncio.sleep(config.timeout_delay_s)
             if fault == "accept_timeout":
@@ -226,7 +262,7 @@ def create_app(config: SandboxConfig) -> Starlette:
                 422, "batch_too_large", f"{len(items)} messages; a batch takes at most {BATCH_MAX}"
             )
         results: list[dict[str, Any]] = []
-        stall = False
+        stall = cut = False
         for item in items:
             key = item.get("idempotency_key") if isinstance(item, dict) else None
             if not isinstance(key, str) or not key.strip():
@@ -244,11 +280,16 @@ def create_app(config: SandboxConfig) -> Starlette:
                 results.append({"status": status, **json.loads(stored_body), "replayed": True})
             elif answer is not None:
                 results.append({"status": 200, **answer, "replayed": False})
+            elif fault in CUT_KINDS:
+                results.append(_batch_fault("500", retry_after()))  # never read: cut below
             else:
                 results.append(_batch_fault(fault, retry_after()))
             stall = stall or fault in ("timeout", "accept_timeout")
+            cut = cut or fault in CUT_KINDS
         if stall:
             await asyncio.sleep(config.timeout_delay_s)
+        if cut:
+            return _CutAnswer(dumps({"results": results}))
         return _json(200, {"results": results})
 
     async def list_messages(request: Request) -> Response:

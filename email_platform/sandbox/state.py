@@ -23,6 +23,9 @@ class SandboxConfig:
     rate_timeout: float = 0
     rate_accept_timeout: float = 0
     rate_4xx: float = 0
+    #: The connection cut mid-answer, before (``reset``) or after the message was accepted.
+    rate_reset: float = 0
+    rate_accept_reset: float = 0
     retry_after_s: float = 1
     timeout_delay_s: float = 30
     seed: int | None = None
@@ -72,7 +75,7 @@ class SandboxState:
         cfg = self.config
         total = (
             cfg.rate_429 + cfg.rate_5xx + cfg.rate_timeout + cfg.rate_accept_timeout + cfg.rate_4xx
-        )
+        ) + (cfg.rate_reset + cfg.rate_accept_reset)
         if total <= 0:
             return None
         # One draw per request keeps the fault sequence a pure function of the seed.
@@ -91,6 +94,12 @@ class SandboxState:
         edge += cfg.rate_accept_timeout
         if u < edge + cfg.rate_4xx:
             return "400"
+        edge += cfg.rate_4xx
+        if u < edge + cfg.rate_reset:
+            return "reset"
+        edge += cfg.rate_reset
+        if u < edge + cfg.rate_accept_reset:
+            return "accept_reset"
         return None
 
     def pick_fault(self, key: str, to: str, event_id: str | None) -> str | None:
@@ -125,7 +134,8 @@ class SandboxState:
             fault = self.pick_fault(key, payload["to"], event_id)
             if fault is not None:
                 self.faults[fault] += 1
-            answer = self.accept(key, payload) if fault in (None, "accept_timeout") else None
+            accepted = fault in (None, "accept_timeout", "accept_reset")
+            answer = self.accept(key, payload) if accepted else None
             return None, fault, answer
 
     def accept(self, key: str, payload: dict[str, Any]) -> dict[str, Any]:

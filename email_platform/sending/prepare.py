@@ -27,7 +27,7 @@ from email_platform.rendering import TemplateRenderer
 from email_platform.routes import Route, RouteTable
 from email_platform.sending.record import Recorder
 from email_platform.sending.types import MAX_CLAIMS, BatchOutcome, Work
-from email_platform.store import dead_letters, messages, outbox, suppressions
+from email_platform.store import dead_letters, email_events, messages, outbox, suppressions
 from email_platform.text import text_problem
 from email_platform.timeutil import as_utc, utcnow
 from email_platform.validation import check_address
@@ -143,6 +143,17 @@ class Preparer:
             reasons = suppressions.reasons_for(
                 connection, [m.recipient for _, m, _, _ in pending if m.recipient]
             )
+            # A suppressed address's message the provider already accepted (its answer lost to
+            # a timeout or a killed sender, and its own bounce may be what suppressed it) is
+            # recorded as sent, not as suppressed: the webhooks prove where it went.
+            accepted_already = email_events.provider_message_ids(
+                connection,
+                [
+                    m.message_id
+                    for _, m, _, _ in pending
+                    if m.recipient and reasons.get(suppressions.normalize(m.recipient))
+                ],
+            )
             for event, message, route, payload in pending:
                 expires_at = as_utc(message.expires_at)
                 if expires_at is not None and expires_at <= now:
@@ -158,6 +169,12 @@ class Preparer:
                     outcome.expired += 1
                     continue
                 reason = reasons.get(suppressions.normalize(message.recipient))
+                if reason and message.message_id in accepted_already:
+                    self.recorder.accepted_per_provider(
+                        connection, message, accepted_already[message.message_id], run_id, now
+                    )
+                    outcome.sent += 1
+                    continue
                 if reason and (reason in _HARD_SUPPRESSIONS or not route.bypass_unsubscribe):
                     self.recorder.close_unsent(
                         connection,

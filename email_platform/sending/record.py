@@ -181,6 +181,48 @@ class Recorder:
         )
         outcome.sent += len(accepted)
 
+    def accepted_per_provider(
+        self,
+        connection: Any,
+        message: Row,
+        provider_message_id: str | None,
+        run_id: str,
+        now: datetime,
+    ) -> None:
+        """A message whose answer was lost (a timeout, a dropped connection, a killed sender)
+        but whose webhooks show the provider accepted it: recorded as sent, not sent again."""
+        attempts.add(
+            connection,
+            [
+                {
+                    "message_id": message.message_id,
+                    "event_id": message.event_id,
+                    "run_id": run_id,
+                    "attempt_no": message.attempts + 1,
+                    "started_at": now,
+                    "finished_at": now,
+                    "outcome": "accepted",
+                    "http_status": None,
+                    "provider_message_id": _provider_id(provider_message_id),
+                    "error": "no answer recorded; the provider's webhooks show it accepted",
+                    "retry_after_s": None,
+                }
+            ],
+        )
+        messages.record_accepted_many(
+            connection,
+            [(message.message_id, _provider_id(provider_message_id))],
+            now,
+            self.provider_name,
+        )
+        dead_letters.resolve_for_messages(
+            connection, [message.message_id], status=dead_letters.REPLAYED, run_id=run_id, now=now
+        )
+        self.log.warning(
+            f"event_id={message.event_id} message={message.message_id} recorded as sent: "
+            "its answer was lost, the provider's webhooks show it accepted"
+        )
+
     def _record_failure(
         self,
         connection: Any,

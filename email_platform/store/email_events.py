@@ -39,6 +39,22 @@ def for_message(connection: Connection, message_id: int) -> list[Row]:
     )
 
 
+def provider_message_ids(connection: Connection, message_ids: list[int]) -> dict[int, str | None]:
+    """For each of ``message_ids`` the provider has reported an event for: the provider's
+    message id it names (None when the events name none)."""
+    found: dict[int, str | None] = {}
+    for start in range(0, len(message_ids), 500):
+        rows = connection.execute(
+            select(email_events.c.message_id, email_events.c.provider_message_id).where(
+                email_events.c.message_id.in_(message_ids[start : start + 500])
+            )
+        ).all()
+        for message_id, provider_message_id in rows:
+            if found.get(message_id) is None:
+                found[message_id] = provider_message_id
+    return found
+
+
 def types_for_message(connection: Connection, message_id: int) -> list[str]:
     return list(
         connection.execute(
