@@ -384,6 +384,58 @@ def test_reexecuting_the_failed_run_replays_with_the_original_key(
     assert sorted(keys) == sorted([f"{sent_before}:welcome", f"{flaky}:welcome"])
 
 
+def test_reexecuting_a_run_whose_batch_held_a_bad_recipient_dead_letters_only_it_again(
+    engine, database_url, sandbox, tmp_path, monkeypatch
+):
+    """Found by the fault harness: re-execution reopens every dead message of the run, and a
+    message dead for its recipient has none; the replay crashed on it, batch after batch."""
+    from sqlalchemy import update
+
+    from email_platform.db.schema import email_outbox
+
+    monkeypatch.setenv("EMAIL_PLATFORM_DATABASE_URL", database_url)
+    monkeypatch.setenv("EMAIL_PLATFORM_SANDBOX_BASE_URL", sandbox.base_url)
+    monkeypatch.setenv(
+        "EMAIL_PLATFORM_LANES", '{"transactional": {"retry_delay_s": 0.01, "max_retries": 1}}'
+    )
+    flaky = signup(engine, "u1", email="u1+503x2@example.com")
+    bad = signup(engine, "u2")
+    payload = event(engine, bad).payload
+    with engine.begin() as connection:  # an older producer's payload publish() would refuse
+        connection.execute(
+            update(email_outbox)
+            .where(email_outbox.c.event_id == bad)
+            .values(payload={**payload, "email": "jane..doe@example.com"})
+        )
+    job = reconstructable(_send_job)
+    (tmp_path / "dagster").mkdir()
+    with DagsterInstance.local_temp(str(tmp_path / "dagster")) as instance:
+        ids = [flaky, bad]
+        config = {
+            "ops": {"send_email_batch": {"config": {"lane": "transactional", "event_ids": ids}}}
+        }
+        with execute_job(job, instance=instance, run_config=config) as failed:
+            assert not failed.success
+        assert {dead_letters_of(engine, e)[0].reason for e in ids} == {
+            "retries_exhausted",
+            "invalid_recipient",
+        }
+        with execute_job(
+            job,
+            instance=instance,
+            reexecution_options=ReexecutionOptions.from_failure(failed.run_id, instance),
+        ) as replayed:
+            replayed_run = replayed.dagster_run.run_id
+    assert messages_of(engine, flaky)[0].status == "sent"
+    assert event(engine, flaky).status == "done"
+    (message,) = messages_of(engine, bad)
+    assert message.status == "dead" and message.recipient is None
+    assert event(engine, bad).status == "dead"
+    newest = dead_letters_of(engine, bad)[-1]
+    assert (newest.reason, newest.run_id) == ("invalid_recipient", replayed_run)
+    assert [m["metadata"]["event_id"] for m in sandbox_messages(sandbox.base_url)] == [flaky]
+
+
 def _send_job():
     from email_platform.definitions import build_definitions
 

@@ -153,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         say(f"  kills stopped after {sum(kills.killed.values())}; settling")
         settled = settle(stack, stream, args.settle_s)
         # After recovery an operator replays what the outage exhausted, twice at once.
-        program.replay_twice_at_once(stack)
+        if program.replay_twice_at_once(stack):
+            faults.done["reexecute_twice_beside_replays"] += 1
         faults.done["replay_twice_at_once"] += 1
         settled = settle(stack, stream, args.settle_s) and settled
         accepted = httpx.get(f"{stack.sandbox.base_url}/_sandbox/messages", timeout=60).json()
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         if not args.no_webhooks:
             say("  hostile webhooks, the receiver killed meanwhile")
-            hooks = program.hostile_webhooks(stack, rng, args.hostile_webhooks)
+            hooks = program.hostile_webhooks(stack, rng, args.hostile_webhooks, args.settle_s)
             faults.done["hostile_webhooks"] += 1
             verdict.add_webhooks(hooks[2], hooks[0])
     finally:

@@ -1,8 +1,8 @@
 """Faults other than kills, each at its moment of the drain: the provider's outage, the
 application database's restart, its absence and a lock on the outbox, and the races (a lower
 event id committed after higher ones, the same events sent by an extra batch run while the lane
-sends them, one operator replay run twice at once), and after the drain the hostile webhook
-traffic, with the receiver killed while it comes in.
+sends them, one operator replay run twice at once beside two re-executions of a failed run),
+and after the drain the hostile webhook traffic, with the receiver killed while it comes in.
 """
 
 import contextlib
@@ -16,13 +16,15 @@ from collections import Counter
 from collections.abc import Callable
 
 import httpx
-from sqlalchemy import create_engine, text
+from dagster import DagsterInstance, DagsterRunStatus
+from sqlalchemy import create_engine, select, text
 
 from bench.faults import webhooks
 from bench.faults.kills import KillSchedule
 from bench.faults.stack import Stack
 from bench.faults.stream import SENT, Stream
 from email_platform import publish
+from email_platform.db.schema import dead_letters
 from email_platform.store import outbox
 from email_platform.timeutil import utcnow
 
@@ -98,7 +100,7 @@ def outbox_locked(stack: Stack, seconds: float) -> None:
 
 # -- webhooks -----------------------------------------------------------------------------
 def hostile_webhooks(
-    stack: Stack, rng: random.Random, size: int, receiver_kills: int = 2
+    stack: Stack, rng: random.Random, size: int, settle_s: float, receiver_kills: int = 2
 ) -> tuple[Counter, int, webhooks.WebhookVerdict]:
     """Duplicates, reorders, forged and stale signatures, replayed delivery ids, oversized
     bodies and a flood, posted to the receiver beside the sandbox's own webhooks for the
@@ -106,7 +108,7 @@ def hostile_webhooks(
     back up); then every webhook the sandbox planned is checked against the database.
     Returns the injector's counts, the receiver kills and the verdict."""
     base_url = stack.sandbox.base_url
-    planned = webhooks.wait_posted(base_url, timeout_s=300)
+    planned = webhooks.wait_posted(base_url, timeout_s=settle_s)
     posted: dict[str, Counter] = {}
     posting = threading.Thread(
         target=lambda: posted.setdefault(
@@ -124,8 +126,8 @@ def hostile_webhooks(
         posting.join(0.3)
     posting.join()
     counts = posted.get("counts", Counter({"inject_failed": 1}))
-    records = webhooks.wait_posted(base_url, timeout_s=300)
-    counts["inbox_settled"] = int(webhooks.wait_settled(stack.engine, timeout_s=300))
+    records = webhooks.wait_posted(base_url, timeout_s=settle_s)
+    counts["inbox_settled"] = int(webhooks.wait_settled(stack.engine, timeout_s=settle_s))
     return counts, killer.killed["receiver"], webhooks.check(stack.engine, records)
 
 
@@ -152,27 +154,40 @@ def extra_batch_run(stack: Stack, count: int = 20) -> None:
         _inline(stack, ["-c", _SEND_INLINE, *event_ids], timeout_s=300)
 
 
-def replay_twice_at_once(stack: Stack) -> int:
-    """Two operators run ``dlq replay --reason retries_exhausted --inline`` at the same time."""
-    processes = [
-        _spawn(
-            stack,
-            [
-                os.path.join(os.path.dirname(sys.executable), "email-platform"),
-                "dlq",
-                "replay",
-                "--reason",
-                "retries_exhausted",
-                "--inline",
-            ],
-        )
-        for _ in range(2)
-    ]
-    codes = []
+def replay_twice_at_once(stack: Stack) -> bool:
+    """Two operators run ``dlq replay --reason retries_exhausted --inline`` at the same time,
+    while (in batch mode) two more re-execute one failed send run from failure, as the UI's
+    "Re-execute" does: each re-execution runs while another replay of its letters is running.
+    Returns whether a failed run was found to re-execute."""
+    replay = [os.path.join(os.path.dirname(sys.executable), "email-platform"), "dlq", "replay"]
+    commands = [[*replay, "--reason", "retries_exhausted", "--inline"] for _ in range(2)]
+    failed = failed_send_run(stack)
+    if failed is not None:
+        commands += [[sys.executable, "-m", "bench.faults.reexecute", failed] for _ in range(2)]
+    processes = [_spawn(stack, command) for command in commands]
     for process in processes:
         with contextlib.suppress(subprocess.TimeoutExpired):
-            codes.append(process.wait(timeout=600))
-    return len(codes)
+            process.wait(timeout=600)
+    return failed is not None
+
+
+def failed_send_run(stack: Stack) -> str | None:
+    """The id of a failed batch send run that left open dead letters, if there is one."""
+    with stack.engine.connect() as connection:
+        run_ids = connection.execute(
+            select(dead_letters.c.run_id)
+            .where(dead_letters.c.status == "open", dead_letters.c.run_id.is_not(None))
+            .distinct()
+        ).scalars()
+        candidates = [run_id for run_id in run_ids if run_id]
+    if not candidates:
+        return None
+    with DagsterInstance.from_config(str(stack.home)) as instance:
+        for run_id in sorted(candidates):
+            run = instance.get_run_by_id(run_id)
+            if run and run.job_name == "send_email_job" and run.status == DagsterRunStatus.FAILURE:
+                return run_id
+    return None
 
 
 _SEND_INLINE = (

@@ -140,6 +140,9 @@ class Preparer:
                 elif message.status == messages.PENDING:
                     pending.append((event, message, route, payload))
 
+            # Dead for its recipient and reopened by a replay: looked up again (the user's
+            # address may be fixed since); a recipient still bad is dead-lettered again.
+            pending = self._resolve_again(connection, pending, lookups, run_id, now, outcome)
             reasons = suppressions.reasons_for(
                 connection, [m.recipient for _, m, _, _ in pending if m.recipient]
             )
@@ -335,6 +338,37 @@ class Preparer:
             failures.append(error)
         failures.extend(_unstorable(values))
         return values, failures[0] if failures else None
+
+    def _resolve_again(
+        self,
+        connection: Any,
+        pending: list[tuple[Row, Row, Route, dict[str, Any]]],
+        lookups: dict[str, str | None],
+        run_id: str,
+        now: datetime,
+        outcome: BatchOutcome,
+    ) -> list[tuple[Row, Row, Route, dict[str, Any]]]:
+        kept: list[tuple[Row, Row, Route, dict[str, Any]]] = []
+        for event, message, route, payload in pending:
+            if message.recipient is None:
+                try:
+                    recipient = self._recipient(route, payload, lookups)
+                except (RecipientNotFoundError, InvalidRecipientError) as error:
+                    self.recorder.dead_letter(
+                        connection,
+                        message,
+                        error.reason,
+                        str(error),
+                        code=error.code,
+                        run_id=run_id,
+                        now=now,
+                    )
+                    outcome.dead += 1
+                    continue
+                messages.set_recipient(connection, message.message_id, recipient, now)
+                message = messages.get(connection, message.message_id)
+            kept.append((event, message, route, payload))
+        return kept
 
     def _recipient(
         self, route: Route, payload: dict[str, Any], lookups: dict[str, str | None]

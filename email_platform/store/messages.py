@@ -193,6 +193,19 @@ def record_attempt(
     connection.execute(update(messages).where(messages.c.message_id == message_id).values(**values))
 
 
+def set_recipient(connection: Connection, message_id: int, recipient: str, now: datetime) -> None:
+    """A recipient found on a replay, for a message that had none."""
+    connection.execute(
+        update(messages)
+        .where(messages.c.message_id == message_id)
+        .values(
+            recipient=recipient,
+            recipient_domain=recipient.rsplit("@", 1)[-1].lower(),
+            updated_at=now,
+        )
+    )
+
+
 def reopen(connection: Connection, message_ids: Sequence[int], now: datetime) -> int:
     """A replay gives dead messages another go, with the idempotency key they already have."""
     if not message_ids:
