@@ -53,6 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+FATES = ("lost", "doubled", "wrong")
+
+
 def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -224,6 +227,9 @@ def report(  # type: ignore[no-untyped-def]
                 if kind in counts
             )
         )
+        findings = {k: v for k, v in found.counts.items() if k.split(":")[0] in FATES}
+        if findings:
+            print("webhook findings: " + " ".join(f"{k}={v}" for k, v in sorted(findings.items())))
     print("restarts: " + " ".join(f"{k}={v}" for k, v in sorted(supervisor.restarts.items())))
     for problem in supervisor.errors:
         print(f"restart failed (tried again): {problem}")
