@@ -126,3 +126,51 @@ def test_a_batch_run_killed_holding_claims_is_failed_once_its_leases_lapse(
         assert isinstance(result, SensorResult)
         (request,) = result.run_requests
         assert request.run_config["ops"]["send_email_batch"]["config"]["event_ids"] == sorted(ids)
+
+
+def test_a_killed_batch_run_holding_nothing_is_failed_after_the_startup_grace(
+    engine, database_url, tmp_path: Path
+):
+    """Found by the fault harness: a batch run killed after what it held was taken over (or
+    before it claimed) holds no lease to lapse, so it showed as running for good and filled
+    one of the run queue's slots; seven of them starved batch mode."""
+    import time
+    from datetime import timedelta
+
+    from dagster import DagsterRunStatus
+    from sqlalchemy import update
+
+    from email_platform.db.schema import email_outbox
+    from email_platform.sensors.outbox import STARTUP_GRACE_S, report_idle_send_runs
+    from email_platform.timeutil import utcnow
+
+    home = tmp_path / "dagster"
+    home.mkdir()
+    ids = [signup(engine, f"u{i}", email=f"u{i}+accepttimeoutx1@example.com") for i in range(2)]
+    with SandboxServer(SandboxConfig(timeout_delay_s=30)) as sandbox_url:
+        child = multiprocessing.get_context("spawn").Process(
+            target=_send_in_child, args=(database_url, sandbox_url, ids, str(home))
+        )
+        child.start()
+        assert _wait(lambda: sandbox_stats(sandbox_url)["accepted"] == 2, 60)
+        os.kill(child.pid, signal.SIGKILL)
+        child.join()
+    later = time.time() + STARTUP_GRACE_S + 5
+    with DagsterInstance.from_config(str(home)) as instance:
+        (run,) = instance.get_runs(RunsFilter(job_name="send_email_job"))
+        with engine.connect() as connection:
+            # Holding its events (within their leases), it is left alone however old.
+            assert report_idle_send_runs(instance, connection, "transactional", later) == 0
+        with engine.begin() as connection:  # another run took them over
+            connection.execute(
+                update(email_outbox).values(
+                    claimed_by="its-successor", lease_expires_at=utcnow() + timedelta(seconds=60)
+                )
+            )
+        with engine.connect() as connection:
+            # Within the startup grace it might still be about to claim.
+            assert report_idle_send_runs(instance, connection, "transactional", time.time()) == 0
+            assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.STARTED
+            assert report_idle_send_runs(instance, connection, "bulk", later) == 0  # its lane only
+            assert report_idle_send_runs(instance, connection, "transactional", later) == 1
+        assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.FAILURE

@@ -174,6 +174,39 @@ def report_dead_holders(instance: DagsterInstance | None, run_ids: Sequence[str]
     return reported
 
 
+def report_idle_send_runs(
+    instance: DagsterInstance | None, connection: Any, lane: str, now_ts: float
+) -> int:
+    """Mark failed the send runs of ``lane`` started over ``STARTUP_GRACE_S`` ago that hold no
+    event: a live batch run claims at its start and holds its events until it ends (retry
+    waits included), so these were killed before claiming, or after what they held was taken
+    over. Without this each would fill one of the run queue's slots for good."""
+    if instance is None:
+        return 0
+    records = [
+        record
+        for record in instance.get_run_records(
+            RunsFilter(
+                job_name=send_email_job.name,
+                tags={"email/lane": lane},
+                statuses=[DagsterRunStatus.STARTED],
+            )
+        )
+        if now_ts - (record.start_time or record.create_timestamp.timestamp()) > STARTUP_GRACE_S
+    ]
+    holders = outbox.holding(connection, [r.dagster_run.run_id for r in records])
+    reported = 0
+    for record in records:
+        if record.dagster_run.run_id not in holders:
+            instance.report_run_failed(
+                record.dagster_run,
+                message=f"running over {STARTUP_GRACE_S:.0f} s and holding no event: its "
+                "process is gone",
+            )
+            reported += 1
+    return reported
+
+
 def worker_run_request(lane: LaneConfig) -> RunRequest:
     return RunRequest(
         # Unique per request: a worker is not tied to events, and the claim is the gate.
@@ -236,6 +269,7 @@ def make_outbox_sensor(lane: Lane) -> SensorDefinition:
             holders = outbox.holders_past_lease(connection, lane.value, now)
             if holders:
                 report_dead_holders(_instance_of(context), holders)
+            report_idle_send_runs(_instance_of(context), connection, lane.value, time.time())
             rows = outbox.find_requestable(
                 connection, lane.value, now, config.request_timeout_s, limit
             )

@@ -258,6 +258,19 @@ def holders_past_lease(connection: Connection, lane: str, now: datetime) -> list
     )
 
 
+def holding(connection: Connection, run_ids: Sequence[str]) -> set[str]:
+    """Which of ``run_ids`` hold at least one event (a claim in flight, retry waits included)."""
+    if not run_ids:
+        return set()
+    return set(
+        connection.execute(
+            select(outbox.c.claimed_by)
+            .where(outbox.c.status == IN_FLIGHT, outbox.c.claimed_by.in_(list(run_ids)))
+            .distinct()
+        ).scalars()
+    )
+
+
 def make_requestable(connection: Connection, event_ids: Sequence[str], max_requests: int) -> int:
     """Pending events of a run that died before claiming them: requestable again at once.
 
