@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from unittest import mock
 
+import pytest
 from dagster import DagsterInstance, ReexecutionOptions, SkipReason, execute_job, reconstructable
 from sqlalchemy import insert
 
@@ -384,11 +385,21 @@ def test_reexecuting_the_failed_run_replays_with_the_original_key(
     assert sorted(keys) == sorted([f"{sent_before}:welcome", f"{flaky}:welcome"])
 
 
-def test_reexecuting_a_run_whose_batch_held_a_bad_recipient_dead_letters_only_it_again(
-    engine, database_url, sandbox, tmp_path, monkeypatch
+@pytest.mark.parametrize(
+    ("change", "reason", "code"),
+    [
+        ({"email": "jane..doe@example.com"}, "invalid_recipient", "invalid_recipient"),
+        ({"user_id": "u" * 300}, "permanent_failure", "value_too_long"),
+    ],
+    ids=["bad_recipient", "dedupe_key_too_long"],
+)
+def test_reexecuting_a_run_whose_batch_held_a_bad_event_dead_letters_only_it_again(
+    engine, database_url, sandbox, tmp_path, monkeypatch, change, reason, code
 ):
-    """Found by the fault harness: re-execution reopens every dead message of the run, and a
-    message dead for its recipient has none; the replay crashed on it, batch after batch."""
+    """Found by the fault harness: re-execution reopens every dead message of the run, also
+    one dead for what it was made from, whose bad value was cleared. A message dead for its
+    recipient has none: the replay crashed on it, batch after batch. One whose dedupe key was
+    too long has none: the replay sent it, undeduplicated (SQLite holds any length)."""
     from sqlalchemy import update
 
     from email_platform.db.schema import email_outbox
@@ -405,7 +416,7 @@ def test_reexecuting_a_run_whose_batch_held_a_bad_recipient_dead_letters_only_it
         connection.execute(
             update(email_outbox)
             .where(email_outbox.c.event_id == bad)
-            .values(payload={**payload, "email": "jane..doe@example.com"})
+            .values(payload={**payload, **change})
         )
     job = reconstructable(_send_job)
     (tmp_path / "dagster").mkdir()
@@ -416,10 +427,7 @@ def test_reexecuting_a_run_whose_batch_held_a_bad_recipient_dead_letters_only_it
         }
         with execute_job(job, instance=instance, run_config=config) as failed:
             assert not failed.success
-        assert {dead_letters_of(engine, e)[0].reason for e in ids} == {
-            "retries_exhausted",
-            "invalid_recipient",
-        }
+        assert {dead_letters_of(engine, e)[0].reason for e in ids} == {"retries_exhausted", reason}
         with execute_job(
             job,
             instance=instance,
@@ -429,11 +437,41 @@ def test_reexecuting_a_run_whose_batch_held_a_bad_recipient_dead_letters_only_it
     assert messages_of(engine, flaky)[0].status == "sent"
     assert event(engine, flaky).status == "done"
     (message,) = messages_of(engine, bad)
-    assert message.status == "dead" and message.recipient is None
+    assert message.status == "dead"
     assert event(engine, bad).status == "dead"
     newest = dead_letters_of(engine, bad)[-1]
-    assert (newest.reason, newest.run_id) == ("invalid_recipient", replayed_run)
+    assert (newest.reason, newest.error_code, newest.run_id) == (reason, code, replayed_run)
+    assert newest.status == "open"
     assert [m["metadata"]["event_id"] for m in sandbox_messages(sandbox.base_url)] == [flaky]
+
+
+def test_a_dlq_replay_of_a_message_dead_for_its_dedupe_key_dead_letters_it_again(
+    engine, database_url, sandbox
+):
+    """``dlq replay`` reopens the message, whose too-long dedupe key was cleared; sent as it
+    was, it would escape deduplication."""
+    from sqlalchemy import update
+
+    from email_platform.admin import requeue_dead_letters
+    from email_platform.db.schema import email_outbox
+
+    bad = signup(engine, "u1")
+    payload = {**event(engine, bad).payload, "user_id": "u" * 300}
+    with engine.begin() as connection:
+        connection.execute(
+            update(email_outbox).where(email_outbox.c.event_id == bad).values(payload=payload)
+        )
+    assert not run_send(database_url, sandbox.base_url, "transactional", [bad]).success
+    (letter,) = dead_letters_of(engine, bad)
+    assert letter.error_code == "value_too_long"
+    assert requeue_dead_letters(engine, [letter]) == [bad]
+    assert not run_send(database_url, sandbox.base_url, "transactional", [bad]).success
+    first, again = dead_letters_of(engine, bad)
+    assert first.status == "replayed"
+    assert (again.error_code, again.status) == ("value_too_long", "open")
+    assert messages_of(engine, bad)[0].status == "dead"
+    assert event(engine, bad).status == "dead"
+    assert sandbox_messages(sandbox.base_url) == []
 
 
 def _send_job():

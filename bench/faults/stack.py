@@ -48,6 +48,7 @@ from email_platform.sandbox.server import SandboxConfig, SandboxServer
 
 BIN = Path(sys.executable).parent
 RUN_MARK = "EMAIL_PLATFORM_FAULTS_RUN"
+WEBHOOK_ATTEMPTS = 48
 
 
 @dataclass
@@ -122,7 +123,14 @@ class Stack:
         upgrade(self.engine)
         stream.prepare(self.engine)
         plan = (
-            WebhookPlan(webhook_url=f"{self.receiver_url}/webhooks/sandbox", secret=self.secret)
+            WebhookPlan(
+                webhook_url=f"{self.receiver_url}/webhooks/sandbox",
+                secret=self.secret,
+                # Real providers retry a webhook for hours; 8 attempts (about 20 s) are shorter
+                # than the drain's database outage, so webhooks were given up as the receiver
+                # answered 503. 48 retry for about 4 minutes.
+                max_attempts=WEBHOOK_ATTEMPTS,
+            )
             if s.webhooks
             else None
         )

@@ -130,9 +130,11 @@ class Preparer:
                     lookups,
                 )
             )
+            made_now: set[int] = set()
             for event, route, payload, message in planned:
                 if message is None:
                     message = next(created)
+                    made_now.add(message.message_id)
                 if message.status == messages.DUPLICATE:
                     outcome.duplicate += 1
                 elif message.status == messages.DEAD:
@@ -140,9 +142,9 @@ class Preparer:
                 elif message.status == messages.PENDING:
                     pending.append((event, message, route, payload))
 
-            # Dead for its recipient and reopened by a replay: looked up again (the user's
-            # address may be fixed since); a recipient still bad is dead-lettered again.
-            pending = self._resolve_again(connection, pending, lookups, run_id, now, outcome)
+            pending = self._check_again(
+                connection, pending, made_now, lookups, run_id, now, outcome
+            )
             reasons = suppressions.reasons_for(
                 connection, [m.recipient for _, m, _, _ in pending if m.recipient]
             )
@@ -339,33 +341,41 @@ class Preparer:
         failures.extend(_unstorable(values))
         return values, failures[0] if failures else None
 
-    def _resolve_again(
+    def _check_again(
         self,
         connection: Any,
         pending: list[tuple[Row, Row, Route, dict[str, Any]]],
+        made_now: set[int],
         lookups: dict[str, str | None],
         run_id: str,
         now: datetime,
         outcome: BatchOutcome,
     ) -> list[tuple[Row, Row, Route, dict[str, Any]]]:
+        """A replay (a re-execution, or ``dlq replay``) reopens dead messages, also those dead
+        for what they were made from: a dedupe key or recipient the columns cannot hold (cleared
+        so the row could record why), a recipient not found. Each message not made by this
+        attempt is checked again as when it was made; one still bad is dead-lettered again, and
+        a recipient found since (the user's address fixed) is written in."""
         kept: list[tuple[Row, Row, Route, dict[str, Any]]] = []
         for event, message, route, payload in pending:
+            if message.message_id in made_now:
+                kept.append((event, message, route, payload))
+                continue
+            values, failure = self._message_values(event, route, payload, now, lookups)
+            if failure is not None:
+                self.recorder.dead_letter(
+                    connection,
+                    message,
+                    failure.reason,
+                    str(failure),
+                    code=failure.code,
+                    run_id=run_id,
+                    now=now,
+                )
+                outcome.dead += 1
+                continue
             if message.recipient is None:
-                try:
-                    recipient = self._recipient(route, payload, lookups)
-                except (RecipientNotFoundError, InvalidRecipientError) as error:
-                    self.recorder.dead_letter(
-                        connection,
-                        message,
-                        error.reason,
-                        str(error),
-                        code=error.code,
-                        run_id=run_id,
-                        now=now,
-                    )
-                    outcome.dead += 1
-                    continue
-                messages.set_recipient(connection, message.message_id, recipient, now)
+                messages.set_recipient(connection, message.message_id, values["recipient"], now)
                 message = messages.get(connection, message.message_id)
             kept.append((event, message, route, payload))
         return kept

@@ -319,6 +319,11 @@ class Recorder:
         now: datetime,
     ) -> None:
         messages.set_status(connection, message.message_id, messages.DEAD, now, last_error=error)
+        # A replay that failed again: its letter replaces the one it replayed (one open letter
+        # per message, so a listing or a second replay counts it once).
+        dead_letters.resolve_for_messages(
+            connection, [message.message_id], status=dead_letters.REPLAYED, run_id=run_id, now=now
+        )
         dead_letters.add(
             connection,
             {
