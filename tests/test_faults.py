@@ -128,6 +128,99 @@ def test_a_batch_run_killed_holding_claims_is_failed_once_its_leases_lapse(
         assert request.run_config["ops"]["send_email_batch"]["config"]["event_ids"] == sorted(ids)
 
 
+def test_events_whose_run_waits_in_the_queue_are_not_requested_again(engine, database_url):
+    """Found by the fault harness: on a full run queue, a batch's run waited past the lane's
+    ``request_timeout_s`` and its events were requested again, each time in a run that would
+    claim nothing; those runs filled the queue further, and batch mode moved a few events a
+    second. A queued run's events wait for it; once it is gone they are requested again."""
+    from datetime import timedelta
+
+    from dagster import DagsterRunStatus, SensorResult, SkipReason, build_sensor_context
+    from sqlalchemy import update
+
+    from email_platform.db.schema import email_outbox
+    from email_platform.definitions import defs
+    from email_platform.jobs import send_run_config
+    from email_platform.lanes import Lane
+    from email_platform.resources import AppDatabase, LanePolicy
+    from email_platform.sensors.outbox import (
+        STARTUP_GRACE_S,
+        awaited_event_ids,
+        make_outbox_sensor,
+    )
+    from email_platform.timeutil import utcnow
+
+    resources = {
+        "app_database": AppDatabase(url=database_url),
+        "lane_policy": LanePolicy(
+            overrides_json='{"transactional": {"workers": 0, "request_timeout_s": 1}}'
+        ),
+    }
+
+    def tick(instance):  # type: ignore[no-untyped-def]
+        with build_sensor_context(instance=instance, resources=resources) as context:
+            return make_outbox_sensor(Lane.TRANSACTIONAL)(context)
+
+    def event_ids(result) -> list[list[str]]:  # type: ignore[no-untyped-def]
+        assert isinstance(result, SensorResult), result
+        return [
+            r.run_config["ops"]["send_email_batch"]["config"]["event_ids"]
+            for r in result.run_requests
+        ]
+
+    def age_requests() -> None:
+        with engine.begin() as connection:
+            connection.execute(
+                update(email_outbox).values(requested_at=utcnow() - timedelta(seconds=30))
+            )
+
+    waiting = sorted(signup(engine, f"u{i}") for i in range(2))
+    with DagsterInstance.ephemeral() as instance:
+        (request,) = tick(instance).run_requests
+        assert event_ids(SensorResult(run_requests=[request])) == [waiting]
+        queued = instance.create_run_for_job(
+            defs.get_job_def("send_email_job"),
+            run_config=request.run_config,
+            tags=request.tags,
+            status=DagsterRunStatus.QUEUED,
+            remote_job_origin=_job_origin("send_email_job"),
+        )
+        age_requests()
+        assert isinstance(tick(instance), SkipReason)  # its run will claim them
+        fresh = signup(engine, "u9")
+        assert event_ids(tick(instance)) == [[fresh]]  # new events still go out
+        # However long it has queued; a run created but never queued is given the grace.
+        later = time.time() + STARTUP_GRACE_S + 5
+        assert awaited_event_ids(instance, "transactional", later) == set(waiting)
+        instance.report_run_failed(queued)  # its run is gone: requested again
+        age_requests()
+        assert event_ids(tick(instance)) == [sorted([*waiting, fresh])]
+        instance.create_run_for_job(
+            defs.get_job_def("send_email_job"),
+            run_config=send_run_config("transactional", [fresh]),
+            tags={"email/lane": "transactional"},
+            status=DagsterRunStatus.NOT_STARTED,
+        )
+        assert awaited_event_ids(instance, "transactional", time.time()) == {fresh}
+        assert awaited_event_ids(instance, "bulk", time.time()) == set()
+        assert awaited_event_ids(instance, "transactional", later) == set()
+
+
+def _job_origin(job_name: str):  # type: ignore[no-untyped-def]
+    """A queued run must name where its job comes from (the daemon launches it from there)."""
+    from dagster._core.remote_origin import (
+        InProcessCodeLocationOrigin,
+        RemoteJobOrigin,
+        RemoteRepositoryOrigin,
+    )
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+
+    location = InProcessCodeLocationOrigin(
+        LoadableTargetOrigin(module_name="email_platform.definitions")
+    )
+    return RemoteJobOrigin(RemoteRepositoryOrigin(location, "__repository__"), job_name)
+
+
 def test_a_killed_batch_run_holding_nothing_is_failed_after_the_startup_grace(
     engine, database_url, tmp_path: Path
 ):

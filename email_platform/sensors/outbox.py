@@ -25,6 +25,7 @@ from email_platform.jobs import (
     lane_worker_run_config,
     send_email_job,
     send_run_config,
+    send_run_event_ids,
 )
 from email_platform.lanes import DEFAULT_LANE_CONFIGS, LANES, Lane, LaneConfig, outbox_sensor_name
 from email_platform.resources import AppDatabase, LanePolicy
@@ -207,6 +208,30 @@ def report_idle_send_runs(
     return reported
 
 
+def awaited_event_ids(instance: DagsterInstance | None, lane: str, now_ts: float) -> set[str]:
+    """Events asked of send runs of ``lane`` that have yet to claim them: queued runs (the
+    queue starts each in turn, however long it is), and runs created or started within
+    ``STARTUP_GRACE_S``. Requesting these again past ``request_timeout_s`` made a run that
+    would claim nothing for each, and on a full run queue those pushed the real ones further
+    back: batch mode moved a few events a second under faults. An older run that has not
+    claimed is dead or dying (failed above when it started and holds nothing)."""
+    if instance is None:
+        return set()
+    awaited: set[str] = set()
+    for record in instance.get_run_records(
+        RunsFilter(
+            job_name=send_email_job.name,
+            tags={"email/lane": lane},
+            statuses=UNFINISHED_RUN_STATUSES,
+        )
+    ):
+        run = record.dagster_run
+        since = record.start_time or record.create_timestamp.timestamp()
+        if run.status == DagsterRunStatus.QUEUED or now_ts - since <= STARTUP_GRACE_S:
+            awaited.update(send_run_event_ids(run.run_config))
+    return awaited
+
+
 def worker_run_request(lane: LaneConfig) -> RunRequest:
     return RunRequest(
         # Unique per request: a worker is not tied to events, and the claim is the gate.
@@ -267,12 +292,18 @@ def make_outbox_sensor(lane: Lane) -> SensorDefinition:
         limit = config.batch_size * config.max_runs_per_tick
         with app_database.get_engine().begin() as connection:
             holders = outbox.holders_past_lease(connection, lane.value, now)
+            instance = _instance_of(context)
             if holders:
-                report_dead_holders(_instance_of(context), holders)
-            report_idle_send_runs(_instance_of(context), connection, lane.value, time.time())
-            rows = outbox.find_requestable(
-                connection, lane.value, now, config.request_timeout_s, limit
-            )
+                report_dead_holders(instance, holders)
+            report_idle_send_runs(instance, connection, lane.value, time.time())
+            awaited = awaited_event_ids(instance, lane.value, time.time())
+            rows = [
+                row
+                for row in outbox.find_requestable(
+                    connection, lane.value, now, config.request_timeout_s, limit + len(awaited)
+                )
+                if row.event_id not in awaited
+            ][:limit]
             if not rows:
                 return SkipReason(f"No due {lane.value} events in the outbox.")
             requests = plan_run_requests(lane.value, rows, config.batch_size, config.run_priority)
