@@ -22,7 +22,7 @@ import pytest
 from sqlalchemy import insert, update
 
 from bench.faults.checker import check
-from bench.faults.stream import Stream
+from bench.faults.stream import Stream, prepare
 from email_platform.db.schema import email_attempts, email_messages, email_outbox
 from email_platform.timeutil import utcnow
 from tests.support import run_send, sandbox_messages
@@ -84,13 +84,44 @@ def test_a_drain_under_faults_loses_doubles_and_misroutes_nothing(tmp_path, data
 
 
 def _stream(engine, total: int = 60) -> Stream:  # type: ignore[no-untyped-def]
+    prepare(engine)  # the product's users table, which signups write to
     stream = Stream(engine, total=total, per_s=10_000, seed=3)
     stream.run()
     return stream
 
 
+def test_the_stream_owes_only_events_whose_transaction_committed(engine):
+    """Found by the large drain: a commit PostgreSQL refused as it restarted raised after the
+    event was written in the transaction, and the stream had already counted it owed, so the
+    checker called an event that never existed lost."""
+    from sqlalchemy import event as sa_event
+    from sqlalchemy.exc import OperationalError
+
+    commits = {"n": 0}
+
+    def refuse_the_third(_connection) -> None:  # type: ignore[no-untyped-def]
+        commits["n"] += 1
+        if commits["n"] == 3:
+            raise OperationalError("COMMIT", {}, Exception("server closed the connection"))
+
+    sa_event.listen(engine, "commit", refuse_the_third)
+    try:
+        stream = _stream(engine, total=10)
+    finally:
+        sa_event.remove(engine, "commit", refuse_the_third)
+    assert stream.expected.refused == 1
+    with engine.connect() as connection:
+        stored = set(
+            connection.execute(
+                email_outbox.select().with_only_columns(email_outbox.c.event_id)
+            ).scalars()
+        )
+    assert set(stream.expected.fates) == stored and len(stored) == 9
+
+
 def test_the_checker_counts_an_unfinished_event_as_lost(engine):
     stream = _stream(engine)
+    assert stream.expected.refused == 0 and stream.expected.kinds["signup"] > 0
     verdict = check(engine, stream.expected, [], 0)
     # Nothing was sent: every event is still pending.
     assert verdict.lost == len(stream.expected.fates)
@@ -107,12 +138,16 @@ def test_the_checker_passes_a_clean_send_and_catches_each_planted_defect(
         ):
             by_lane.setdefault(lane, []).append(event_id)
     for lane, event_ids in by_lane.items():
-        # Past send_after: the expiring digests are due now and past their expiry.
+        # Past send_after and their expiry (1 ms after it): the expiring digests are due and
+        # expired, as they are 2 s after publishing.
         with engine.begin() as connection:
             connection.execute(
                 update(email_outbox)
                 .where(email_outbox.c.available_at > utcnow())
-                .values(available_at=utcnow() - timedelta(seconds=1))
+                .values(
+                    available_at=utcnow() - timedelta(seconds=1),
+                    expires_at=utcnow() - timedelta(seconds=1) + timedelta(milliseconds=1),
+                )
             )
         run_send(database_url, sandbox.base_url, lane, event_ids)
     accepted = sandbox_messages(sandbox.base_url)
