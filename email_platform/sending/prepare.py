@@ -204,14 +204,8 @@ class Preparer:
                             f"{route.template}: {type(exc).__name__}: {exc}", code="template_error"
                         )
                     )
-                    self.recorder.dead_letter(
-                        connection,
-                        message,
-                        error.reason,
-                        str(error),
-                        code=error.code,
-                        run_id=run_id,
-                        now=now,
+                    self.recorder.dead_letter_for(
+                        connection, message, error, run_id=run_id, now=now
                     )
                     outcome.dead += 1
                     continue
@@ -275,15 +269,7 @@ class Preparer:
         result: list[Row] = []
         for message, (_, failure) in zip(rows, planned, strict=True):
             if failure is not None and message.status == messages.PENDING:
-                self.recorder.dead_letter(
-                    connection,
-                    message,
-                    failure.reason,
-                    str(failure),
-                    code=failure.code,
-                    run_id=run_id,
-                    now=now,
-                )
+                self.recorder.dead_letter_for(connection, message, failure, run_id=run_id, now=now)
                 message = messages.get(connection, message.message_id)
             result.append(message)
         return result
@@ -363,15 +349,7 @@ class Preparer:
                 continue
             values, failure = self._message_values(event, route, payload, now, lookups)
             if failure is not None:
-                self.recorder.dead_letter(
-                    connection,
-                    message,
-                    failure.reason,
-                    str(failure),
-                    code=failure.code,
-                    run_id=run_id,
-                    now=now,
-                )
+                self.recorder.dead_letter_for(connection, message, failure, run_id=run_id, now=now)
                 outcome.dead += 1
                 continue
             if message.recipient is None:

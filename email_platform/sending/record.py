@@ -307,6 +307,14 @@ class Recorder:
             connection, [message.message_id], status=letter_status, run_id=run_id, now=now
         )
 
+    def dead_letter_for(
+        self, connection: Any, message: Row, error: DeliveryError, *, run_id: str, now: datetime
+    ) -> None:
+        """``dead_letter`` with the reason, text and code of a classified error."""
+        self.dead_letter(
+            connection, message, error.reason, str(error), code=error.code, run_id=run_id, now=now
+        )
+
     def dead_letter(
         self,
         connection: Any,
