@@ -604,3 +604,25 @@ def test_the_sandbox_posts_at_most_max_in_flight_webhooks_at_once() -> None:
     assert stats["webhooks_delivered"] == stats["webhooks_planned"] == now["seen"] > 40
     assert stats["webhook_failed_attempts"] == 0
     assert now["most"] == 4
+
+
+@pytest.mark.parametrize("path", ["/v1/send", "/v1/send/batch"])
+def test_a_sender_gone_mid_body_is_not_an_error_and_nothing_is_accepted(
+    client: httpx.Client, base_url: str, path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Seen in the large fault drain: a step process killed while uploading its batch made
+    the sandbox log an ASGI traceback for ``ClientDisconnect``."""
+    import socket
+    from urllib.parse import urlsplit
+
+    where = urlsplit(base_url)
+    with caplog.at_level("ERROR"), socket.create_connection((where.hostname, where.port)) as sock:
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            'Idempotency-Key: gone-1\r\nContent-Length: 5000\r\n\r\n{"to": '.encode()
+        )
+        time.sleep(0.2)
+    time.sleep(0.3)
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
+    assert stats(client)["accepted"] == 0
+    assert send(client, "after-1").status_code == 200  # still serving

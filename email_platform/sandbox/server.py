@@ -53,7 +53,7 @@ from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -363,10 +363,17 @@ def create_app(config: SandboxConfig) -> Starlette:
             Route("/_sandbox/faults", clear_faults, methods=["DELETE"]),
             Route("/_sandbox/reset", reset, methods=["POST"]),
             Route("/_sandbox/health", health, methods=["GET"]),
-        ]
+        ],
+        # A sender killed while uploading its body: nothing was read, so nothing is accepted,
+        # and there is no one to answer (not an error of the sandbox's).
+        exception_handlers={ClientDisconnect: _client_gone},
     )
     app.state.sandbox = state
     return app
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    return Response(status_code=400)
 
 
 class SandboxServer(BackgroundServer):
