@@ -7,15 +7,17 @@ ids travel in it (no addresses, no payloads).
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dagster import job, multiprocess_executor
+from dagster import in_process_executor, job, multiprocess_executor
 
 from email_platform.ops.ingest import ingest_webhook_batch
 from email_platform.ops.lane_worker import run_lane_worker
 from email_platform.ops.send import send_email_batch
 
-# These jobs run their step in a subprocess (one more process start per run) on purpose: their
-# ops have a RetryPolicy, and an in-process step turns a "terminate run" interrupt into a retry
-# (Dagster 1.13, op_execution_error_boundary), so the run would stay CANCELING and keep going.
+# A batch run and an ingestion run execute their one step in the run's own process: a step
+# process of its own, and another for each retry, cost more CPU than the batch's sends under a
+# backlog on a small machine. Their ops retry by raising RetryRequested themselves
+# (ops/retry.py), so an operator's terminate ends the step instead of retrying it. The lane
+# worker keeps its step process and RetryPolicy: it starts once in a lifetime of minutes.
 
 
 @job(
@@ -25,7 +27,7 @@ from email_platform.ops.send import send_email_batch
         "Re-execute a failed run from failure to replay its dead letters safely."
     ),
     tags={"email/job": "send"},
-    executor_def=multiprocess_executor,
+    executor_def=in_process_executor,
 )
 def send_email_job() -> None:
     send_email_batch()
@@ -37,7 +39,7 @@ def send_email_job() -> None:
         "suppressions. Launched by the webhook inbox sensor; safe to re-execute."
     ),
     tags={"email/job": "ingest"},
-    executor_def=multiprocess_executor,
+    executor_def=in_process_executor,
 )
 def ingest_webhooks_job() -> None:
     ingest_webhook_batch()

@@ -34,7 +34,11 @@ def test_every_job_and_sensor_resolves_with_a_description():
     assert repository.get_job("send_email_job").description
     op = repository.get_job("send_email_job").graph.node_defs[0]
     assert op.name == "send_email_batch" and "idempotency key" in op.description
-    assert op.retry_policy is not None and op.retry_policy.max_retries >= 1
+    # Run in their run's process, they retry by raising RetryRequested (ops/retry.py): with a
+    # RetryPolicy Dagster would retry an operator's terminate too.
+    for name in ("send_email_job", "ingest_webhooks_job"):
+        assert repository.get_job(name).executor_def.name == "in_process"
+        assert repository.get_job(name).graph.node_defs[0].retry_policy is None
     worker = repository.get_job("lane_worker_job").graph.node_defs[0]
     assert worker.name == "run_lane_worker" and "idempotency keys" in worker.description
     assert worker.retry_policy is not None
@@ -58,3 +62,28 @@ def test_required_resources_are_bound():
     assert {"app_database", "email_provider", "lane_policy", "routing", "warehouse"} <= set(
         resources
     )
+
+
+class _Attempt:
+    def __init__(self, retry_number: int) -> None:
+        self.retry_number = retry_number
+
+
+def test_an_ops_own_retry_follows_the_step_policy_and_lets_interrupts_and_outcomes_through():
+    import pytest
+    from dagster import Failure, RetryRequested
+
+    from email_platform.ops.retry import STEP_RETRY_POLICY, retried_on_error
+
+    first, last = _Attempt(0), _Attempt(STEP_RETRY_POLICY.max_retries)
+    with pytest.raises(RetryRequested) as retry, retried_on_error(first):  # type: ignore[arg-type]
+        raise OSError("connection reset")
+    assert retry.value.max_retries == STEP_RETRY_POLICY.max_retries
+    assert 0 <= retry.value.seconds_to_wait <= STEP_RETRY_POLICY.delay  # full jitter, first
+    assert isinstance(retry.value.__cause__, OSError)
+    # The last attempt fails with the error itself.
+    with pytest.raises(OSError), retried_on_error(last):  # type: ignore[arg-type]
+        raise OSError("connection reset")
+    for passed in (KeyboardInterrupt(), Failure("dead letters"), RetryRequested(max_retries=4)):
+        with pytest.raises(type(passed)), retried_on_error(first):  # type: ignore[arg-type]
+            raise passed

@@ -132,7 +132,12 @@ def test_events_whose_run_waits_in_the_queue_are_not_requested_again(engine, dat
     """Found by the fault harness: on a full run queue, a batch's run waited past the lane's
     ``request_timeout_s`` and its events were requested again, each time in a run that would
     claim nothing; those runs filled the queue further, and batch mode moved a few events a
-    second. A queued run's events wait for it; once it is gone they are requested again."""
+    second. A queued run's events wait for it; once it is gone they are requested again.
+
+    And while a run of the lane waits in the queue, only full batches are requested: the
+    harness's batch drain queued one small run per lane per tick (critical runs of 21 events,
+    bulk of 97 where 200 fit), each two process starts, and sent 3 events a second with no
+    fault at all."""
     from datetime import timedelta
 
     from dagster import DagsterRunStatus, SensorResult, SkipReason, build_sensor_context
@@ -146,6 +151,7 @@ def test_events_whose_run_waits_in_the_queue_are_not_requested_again(engine, dat
     from email_platform.sensors.outbox import (
         STARTUP_GRACE_S,
         awaited_event_ids,
+        lane_send_runs,
         make_outbox_sensor,
     )
     from email_platform.timeutil import utcnow
@@ -153,7 +159,9 @@ def test_events_whose_run_waits_in_the_queue_are_not_requested_again(engine, dat
     resources = {
         "app_database": AppDatabase(url=database_url),
         "lane_policy": LanePolicy(
-            overrides_json='{"transactional": {"workers": 0, "request_timeout_s": 1}}'
+            overrides_json=(
+                '{"transactional": {"workers": 0, "request_timeout_s": 1, "batch_size": 2}}'
+            )
         ),
     }
 
@@ -174,6 +182,9 @@ def test_events_whose_run_waits_in_the_queue_are_not_requested_again(engine, dat
                 update(email_outbox).values(requested_at=utcnow() - timedelta(seconds=30))
             )
 
+    def awaited(lane: str, now_ts: float) -> set[str]:
+        return awaited_event_ids(lane_send_runs(instance, lane), now_ts)
+
     waiting = sorted(signup(engine, f"u{i}") for i in range(2))
     with DagsterInstance.ephemeral() as instance:
         (request,) = tick(instance).run_requests
@@ -187,23 +198,87 @@ def test_events_whose_run_waits_in_the_queue_are_not_requested_again(engine, dat
         )
         age_requests()
         assert isinstance(tick(instance), SkipReason)  # its run will claim them
-        fresh = signup(engine, "u9")
-        assert event_ids(tick(instance)) == [[fresh]]  # new events still go out
+        first = signup(engine, "u7")
+        held = tick(instance)  # a partial batch would only queue behind it
+        assert isinstance(held, SkipReason) and "1 due transactional" in (held.skip_message or "")
+        second, third = signup(engine, "u8"), signup(engine, "u9")
+        assert event_ids(tick(instance)) == [[first, second]]  # a full batch goes out
         # However long it has queued; a run created but never queued is given the grace.
         later = time.time() + STARTUP_GRACE_S + 5
-        assert awaited_event_ids(instance, "transactional", later) == set(waiting)
-        instance.report_run_failed(queued)  # its run is gone: requested again
-        age_requests()
-        assert event_ids(tick(instance)) == [sorted([*waiting, fresh])]
+        assert awaited("transactional", later) == set(waiting)
+        instance.report_run_failed(queued)  # its run is gone: requested again, and the queue
+        age_requests()  # is empty, so the partial batch goes out too
+        assert event_ids(tick(instance)) == [waiting, [first, second], [third]]
         instance.create_run_for_job(
             defs.get_job_def("send_email_job"),
-            run_config=send_run_config("transactional", [fresh]),
+            run_config=send_run_config("transactional", [third]),
             tags={"email/lane": "transactional"},
             status=DagsterRunStatus.NOT_STARTED,
         )
-        assert awaited_event_ids(instance, "transactional", time.time()) == {fresh}
-        assert awaited_event_ids(instance, "bulk", time.time()) == set()
-        assert awaited_event_ids(instance, "transactional", later) == set()
+        assert awaited("transactional", time.time()) == {third}
+        assert awaited("bulk", time.time()) == set()
+        assert awaited("transactional", later) == set()
+
+
+def test_stored_webhooks_wait_for_a_full_batch_while_an_ingestion_run_is_queued(
+    engine, database_url
+):
+    """The webhook inbox sensor batches as the outbox sensors do: with an ingestion run in the
+    queue it requests only full batches of ``BATCH_SIZE``; once the queue is empty the rest
+    goes out at once."""
+    from dagster import DagsterRunStatus, SensorResult, SkipReason, build_sensor_context
+
+    from email_platform.definitions import defs
+    from email_platform.resources import AppDatabase
+    from email_platform.sensors.webhooks import BATCH_SIZE, webhook_inbox_sensor
+    from email_platform.store import inbox
+    from email_platform.timeutil import utcnow
+
+    resources = {"app_database": AppDatabase(url=database_url)}
+
+    def store(n: int) -> list[int]:
+        with engine.begin() as connection:
+            return [
+                inbox.store(
+                    connection,
+                    provider="sandbox",
+                    delivery_id=None,
+                    headers={},
+                    body="{}",
+                    now=utcnow(),
+                )
+                for _ in range(n)
+            ]
+
+    def tick(instance):  # type: ignore[no-untyped-def]
+        with build_sensor_context(instance=instance, resources=resources) as context:
+            return webhook_inbox_sensor(context)
+
+    def inbox_ids(result) -> list[list[int]]:  # type: ignore[no-untyped-def]
+        assert isinstance(result, SensorResult), result
+        return [
+            r.run_config["ops"]["ingest_webhook_batch"]["config"]["inbox_ids"]
+            for r in result.run_requests
+        ]
+
+    first = store(3)
+    with DagsterInstance.ephemeral() as instance:
+        (request,) = tick(instance).run_requests
+        assert inbox_ids(SensorResult(run_requests=[request])) == [first]
+        queued = instance.create_run_for_job(
+            defs.get_job_def("ingest_webhooks_job"),
+            run_config=request.run_config,
+            tags=request.tags,
+            status=DagsterRunStatus.QUEUED,
+            remote_job_origin=_job_origin("ingest_webhooks_job"),
+        )
+        later = store(2)
+        held = tick(instance)
+        assert isinstance(held, SkipReason) and "2 stored webhook(s)" in (held.skip_message or "")
+        later += store(BATCH_SIZE)
+        assert inbox_ids(tick(instance)) == [later[:BATCH_SIZE]]
+        instance.report_run_failed(queued)
+        assert inbox_ids(tick(instance)) == [later[BATCH_SIZE:]]
 
 
 def _job_origin(job_name: str):  # type: ignore[no-untyped-def]
@@ -234,7 +309,11 @@ def test_a_killed_batch_run_holding_nothing_is_failed_after_the_startup_grace(
     from sqlalchemy import update
 
     from email_platform.db.schema import email_outbox
-    from email_platform.sensors.outbox import STARTUP_GRACE_S, report_idle_send_runs
+    from email_platform.sensors.outbox import (
+        STARTUP_GRACE_S,
+        lane_send_runs,
+        report_idle_send_runs,
+    )
     from email_platform.timeutil import utcnow
 
     home = tmp_path / "dagster"
@@ -251,9 +330,13 @@ def test_a_killed_batch_run_holding_nothing_is_failed_after_the_startup_grace(
     later = time.time() + STARTUP_GRACE_S + 5
     with DagsterInstance.from_config(str(home)) as instance:
         (run,) = instance.get_runs(RunsFilter(job_name="send_email_job"))
+
+        def runs(lane: str):  # type: ignore[no-untyped-def]
+            return lane_send_runs(instance, lane)
+
         with engine.connect() as connection:
             # Holding its events (within their leases), it is left alone however old.
-            assert report_idle_send_runs(instance, connection, "transactional", later) == 0
+            assert report_idle_send_runs(instance, connection, runs("transactional"), later) == 0
         with engine.begin() as connection:  # another run took them over
             connection.execute(
                 update(email_outbox).values(
@@ -262,8 +345,12 @@ def test_a_killed_batch_run_holding_nothing_is_failed_after_the_startup_grace(
             )
         with engine.connect() as connection:
             # Within the startup grace it might still be about to claim.
-            assert report_idle_send_runs(instance, connection, "transactional", time.time()) == 0
+            assert (
+                report_idle_send_runs(instance, connection, runs("transactional"), time.time()) == 0
+            )
             assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.STARTED
-            assert report_idle_send_runs(instance, connection, "bulk", later) == 0  # its lane only
-            assert report_idle_send_runs(instance, connection, "transactional", later) == 1
+            assert (
+                report_idle_send_runs(instance, connection, runs("bulk"), later) == 0
+            )  # its lane only
+            assert report_idle_send_runs(instance, connection, runs("transactional"), later) == 1
         assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.FAILURE

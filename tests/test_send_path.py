@@ -579,3 +579,46 @@ def test_password_reset_looks_the_address_up_at_send_time(engine, database_url, 
     (letter,) = dead_letters_of(engine, unknown)
     assert letter.reason == "recipient_not_found"
     assert event(engine, known).lane == "critical"
+
+
+def _claim_failing_once(monkeypatch, error: BaseException) -> list[int]:  # type: ignore[no-untyped-def]
+    """``outbox.claim`` raises ``error`` on its first call, then claims as usual."""
+    real, calls = outbox.claim, []
+
+    def claim(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 1:
+            raise error
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(outbox, "claim", claim)
+    return calls
+
+
+def test_an_error_of_our_own_retries_the_batch_step_and_sends_once(
+    engine, database_url, sandbox, monkeypatch
+):
+    """The batch step runs in its run's process without a RetryPolicy; it retries what is
+    not a provider outcome itself (ops/retry.py)."""
+    ids = [signup(engine, f"u{i}") for i in range(3)]
+    calls = _claim_failing_once(monkeypatch, RuntimeError("connection dropped"))
+    result = run_send(database_url, sandbox.base_url, "transactional", ids)
+    assert result.success
+    assert len(calls) == 2 and len(step_events(result, "STEP_UP_FOR_RETRY")) == 1
+    assert sorted(m["metadata"]["event_id"] for m in sandbox_messages(sandbox.base_url)) == ids
+    assert all(event(engine, i).status == "done" for i in ids)
+
+
+def test_an_interrupted_batch_step_ends_instead_of_retrying(
+    engine, database_url, sandbox, monkeypatch
+):
+    """What a terminated run raises in its step: with a RetryPolicy Dagster 1.13 retries an
+    interrupted step, so an in-process batch run would have gone on sending after the
+    operator's terminate. It ends; its events wait for the next run, unsent."""
+    ids = [signup(engine, f"u{i}") for i in range(3)]
+    calls = _claim_failing_once(monkeypatch, KeyboardInterrupt())
+    result = run_send(database_url, sandbox.base_url, "transactional", ids)
+    assert not result.success
+    assert len(calls) == 1 and step_events(result, "STEP_UP_FOR_RETRY") == []
+    assert sandbox_messages(sandbox.base_url) == []
+    assert all(event(engine, i).status == "pending" for i in ids)

@@ -10,7 +10,7 @@ from dagster import (
 )
 
 from email_platform import config as settings
-from email_platform.ops.retry import STEP_RETRY_POLICY
+from email_platform.ops.retry import retried_on_error
 from email_platform.resources import AppDatabase
 from email_platform.store import email_events, inbox
 from email_platform.timeutil import utcnow
@@ -21,10 +21,7 @@ class IngestBatchConfig(Config):
     inbox_ids: list[int]
 
 
-@op(
-    retry_policy=STEP_RETRY_POLICY,
-    tags={"kind": "email"},
-)
+@op(tags={"kind": "email"})
 def ingest_webhook_batch(
     context: OpExecutionContext, config: IngestBatchConfig, app_database: AppDatabase
 ) -> dict:
@@ -32,20 +29,23 @@ def ingest_webhook_batch(
     the tracking vocabulary, store every provider event once, move each message's delivery
     state forward, and suppress addresses that hard-bounced, complained or unsubscribed.
     """
-    engine = app_database.get_engine()
-    outcome = WebhookIngestor(engine, log=context.log).run(config.inbox_ids, run_id=context.run_id)
-    summary = outcome.as_metadata()
-    # Retention: raw bodies are kept for re-normalization, then dropped; so are the records
-    # of deleted provider events (see email_event_deletions).
-    cutoff = utcnow() - timedelta(days=settings.webhook_retention_days())
-    with engine.begin() as connection:
-        summary["purged"] = inbox.purge_processed(connection, received_before=cutoff)
-        summary["deletion_records_purged"] = email_events.purge_deletion_records(
-            connection, deleted_before=cutoff
+    with retried_on_error(context):
+        engine = app_database.get_engine()
+        outcome = WebhookIngestor(engine, log=context.log).run(
+            config.inbox_ids, run_id=context.run_id
         )
-    context.log.info(
-        f"inbox {config.inbox_ids[0]}..{config.inbox_ids[-1]}: "
-        + " ".join(f"{k}={v}" for k, v in summary.items())
-    )
-    context.add_output_metadata({k: MetadataValue.int(v) for k, v in summary.items()})
-    return summary
+        summary = outcome.as_metadata()
+        # Retention: raw bodies are kept for re-normalization, then dropped; so are the records
+        # of deleted provider events (see email_event_deletions).
+        cutoff = utcnow() - timedelta(days=settings.webhook_retention_days())
+        with engine.begin() as connection:
+            summary["purged"] = inbox.purge_processed(connection, received_before=cutoff)
+            summary["deletion_records_purged"] = email_events.purge_deletion_records(
+                connection, deleted_before=cutoff
+            )
+        context.log.info(
+            f"inbox {config.inbox_ids[0]}..{config.inbox_ids[-1]}: "
+            + " ".join(f"{k}={v}" for k, v in summary.items())
+        )
+        context.add_output_metadata({k: MetadataValue.int(v) for k, v in summary.items()})
+        return summary

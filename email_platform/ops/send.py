@@ -13,7 +13,7 @@ from dagster import (
 from sqlalchemy import Engine
 
 from email_platform.lanes import LaneConfig
-from email_platform.ops.retry import STEP_RETRY_POLICY
+from email_platform.ops.retry import retried_on_error
 from email_platform.providers.base import EmailProvider
 from email_platform.resources import AppDatabase, EmailProviderResource, LanePolicy, RoutingResource
 from email_platform.sending.batch import BatchSender, build_sender
@@ -28,10 +28,7 @@ class SendBatchConfig(Config):
     event_ids: list[str]
 
 
-@op(
-    retry_policy=STEP_RETRY_POLICY,
-    tags={"kind": "email"},
-)
+@op(tags={"kind": "email"})
 def send_email_batch(
     context: OpExecutionContext,
     config: SendBatchConfig,
@@ -47,14 +44,15 @@ def send_email_batch(
     messages are sent again, with their original idempotency key. Permanent failures and
     exhausted retries become dead letters and fail the run, so an operator can re-execute it.
     """
-    return send_batch(
-        context,
-        lane=lane_policy.config_for(config.lane),
-        event_ids=config.event_ids,
-        app_database=app_database,
-        email_provider=email_provider,
-        routing=routing,
-    )
+    with retried_on_error(context):
+        return send_batch(
+            context,
+            lane=lane_policy.config_for(config.lane),
+            event_ids=config.event_ids,
+            app_database=app_database,
+            email_provider=email_provider,
+            routing=routing,
+        )
 
 
 def send_batch(

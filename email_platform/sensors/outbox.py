@@ -6,9 +6,9 @@ from typing import Any
 
 from dagster import (
     DagsterInstance,
-    DagsterInvariantViolationError,
     DagsterRunStatus,
     DefaultSensorStatus,
+    RunRecord,
     RunRequest,
     RunsFilter,
     SensorDefinition,
@@ -29,6 +29,7 @@ from email_platform.jobs import (
 )
 from email_platform.lanes import DEFAULT_LANE_CONFIGS, LANES, Lane, LaneConfig, outbox_sensor_name
 from email_platform.resources import AppDatabase, LanePolicy
+from email_platform.sensors.runs import instance_of, whole_batches
 from email_platform.store import lane_workers, outbox
 from email_platform.timeutil import as_utc, utcnow
 
@@ -145,14 +146,6 @@ def _is_dead(beat: Any, started_ts: float, now_ts: float) -> bool:
     return now_ts - as_utc(beat.heartbeat_at).timestamp() > HEARTBEAT_STALE_S
 
 
-def _instance_of(context: SensorEvaluationContext) -> DagsterInstance | None:
-    """The sensor's instance; None for a context built without one (no runs to fail)."""
-    try:
-        return context.instance
-    except DagsterInvariantViolationError:
-        return None
-
-
 def report_dead_holders(instance: DagsterInstance | None, run_ids: Sequence[str]) -> int:
     """Mark failed the started runs whose claims went unrenewed past their lease.
 
@@ -175,29 +168,46 @@ def report_dead_holders(instance: DagsterInstance | None, run_ids: Sequence[str]
     return reported
 
 
-def report_idle_send_runs(
-    instance: DagsterInstance | None, connection: Any, lane: str, now_ts: float
-) -> int:
-    """Mark failed the send runs of ``lane`` started over ``STARTUP_GRACE_S`` ago that hold no
-    event: a live batch run claims at its start and holds its events until it ends (retry
-    waits included), so these were killed before claiming, or after what they held was taken
-    over. Without this each would fill one of the run queue's slots for good."""
+def lane_send_runs(instance: DagsterInstance | None, lane: str) -> list[RunRecord]:
+    """The unfinished ``send_email_job`` runs of ``lane``: one fetch per sensor tick."""
     if instance is None:
-        return 0
-    records = [
-        record
-        for record in instance.get_run_records(
+        return []
+    return list(
+        instance.get_run_records(
             RunsFilter(
                 job_name=send_email_job.name,
                 tags={"email/lane": lane},
-                statuses=[DagsterRunStatus.STARTED],
+                statuses=UNFINISHED_RUN_STATUSES,
             )
         )
-        if now_ts - (record.start_time or record.create_timestamp.timestamp()) > STARTUP_GRACE_S
+    )
+
+
+def _since(record: RunRecord) -> float:
+    return record.start_time or record.create_timestamp.timestamp()
+
+
+def report_idle_send_runs(
+    instance: DagsterInstance | None,
+    connection: Any,
+    records: Sequence[RunRecord],
+    now_ts: float,
+) -> int:
+    """Mark failed the send runs among ``records`` started over ``STARTUP_GRACE_S`` ago that
+    hold no event: a live batch run claims at its start and holds its events until it ends
+    (retry waits included), so these were killed before claiming, or after what they held was
+    taken over. Without this each would fill one of the run queue's slots for good."""
+    if instance is None:
+        return 0
+    started = [
+        record
+        for record in records
+        if record.dagster_run.status == DagsterRunStatus.STARTED
+        and now_ts - _since(record) > STARTUP_GRACE_S
     ]
-    holders = outbox.holding(connection, [r.dagster_run.run_id for r in records])
+    holders = outbox.holding(connection, [r.dagster_run.run_id for r in started])
     reported = 0
-    for record in records:
+    for record in started:
         if record.dagster_run.run_id not in holders:
             instance.report_run_failed(
                 record.dagster_run,
@@ -208,26 +218,17 @@ def report_idle_send_runs(
     return reported
 
 
-def awaited_event_ids(instance: DagsterInstance | None, lane: str, now_ts: float) -> set[str]:
-    """Events asked of send runs of ``lane`` that have yet to claim them: queued runs (the
-    queue starts each in turn, however long it is), and runs created or started within
-    ``STARTUP_GRACE_S``. Requesting these again past ``request_timeout_s`` made a run that
-    would claim nothing for each, and on a full run queue those pushed the real ones further
-    back: batch mode moved a few events a second under faults. An older run that has not
-    claimed is dead or dying (failed above when it started and holds nothing)."""
-    if instance is None:
-        return set()
+def awaited_event_ids(records: Sequence[RunRecord], now_ts: float) -> set[str]:
+    """Events asked of the send runs among ``records`` that have yet to claim them: queued
+    runs (the queue starts each in turn, however long it is), and runs created or started
+    within ``STARTUP_GRACE_S``. Requesting these again past ``request_timeout_s`` made a run
+    that would claim nothing for each, and on a full run queue those pushed the real ones
+    further back. An older run that has not claimed is dead or dying (failed above when it
+    started and holds nothing)."""
     awaited: set[str] = set()
-    for record in instance.get_run_records(
-        RunsFilter(
-            job_name=send_email_job.name,
-            tags={"email/lane": lane},
-            statuses=UNFINISHED_RUN_STATUSES,
-        )
-    ):
+    for record in records:
         run = record.dagster_run
-        since = record.start_time or record.create_timestamp.timestamp()
-        if run.status == DagsterRunStatus.QUEUED or now_ts - since <= STARTUP_GRACE_S:
+        if run.status == DagsterRunStatus.QUEUED or now_ts - _since(record) <= STARTUP_GRACE_S:
             awaited.update(send_run_event_ids(run.run_config))
     return awaited
 
@@ -292,19 +293,28 @@ def make_outbox_sensor(lane: Lane) -> SensorDefinition:
         limit = config.batch_size * config.max_runs_per_tick
         with app_database.get_engine().begin() as connection:
             holders = outbox.holders_past_lease(connection, lane.value, now)
-            instance = _instance_of(context)
+            instance = instance_of(context)
             if holders:
                 report_dead_holders(instance, holders)
-            report_idle_send_runs(instance, connection, lane.value, time.time())
-            awaited = awaited_event_ids(instance, lane.value, time.time())
-            rows = [
+            runs = lane_send_runs(instance, lane.value)
+            report_idle_send_runs(instance, connection, runs, time.time())
+            awaited = awaited_event_ids(runs, time.time())
+            requestable = [
                 row
                 for row in outbox.find_requestable(
                     connection, lane.value, now, config.request_timeout_s, limit + len(awaited)
                 )
                 if row.event_id not in awaited
             ][:limit]
+            queued = sum(r.dagster_run.status == DagsterRunStatus.QUEUED for r in runs)
+            rows = whole_batches(requestable, config.batch_size, queue_is_waiting=queued > 0)
             if not rows:
+                if requestable:
+                    return SkipReason(
+                        f"{len(requestable)} due {lane.value} event(s) wait for a full batch "
+                        f"of {config.batch_size} or an empty queue: {queued} {lane.value} "
+                        "run(s) are queued."
+                    )
                 return SkipReason(f"No due {lane.value} events in the outbox.")
             requests = plan_run_requests(lane.value, rows, config.batch_size, config.run_priority)
             # Marked before the requests leave the tick: a batch waits for its run instead of

@@ -11,6 +11,7 @@ from dagster import (
 
 from email_platform.jobs import ingest_run_config, ingest_webhooks_job
 from email_platform.resources import AppDatabase
+from email_platform.sensors.runs import instance_of, queued_runs, whole_batches
 from email_platform.store import inbox
 from email_platform.timeutil import utcnow
 
@@ -34,10 +35,17 @@ def webhook_inbox_sensor(
 ) -> SensorResult | SkipReason:
     now = utcnow()
     with app_database.get_engine().begin() as connection:
-        rows = inbox.find_requestable(
+        stored = inbox.find_requestable(
             connection, now, REQUEST_TIMEOUT_S, BATCH_SIZE * MAX_RUNS_PER_TICK
         )
+        queued = queued_runs(instance_of(context), ingest_webhooks_job.name, "webhooks")
+        rows = whole_batches(stored, BATCH_SIZE, queue_is_waiting=queued > 0)
         if not rows:
+            if stored:
+                return SkipReason(
+                    f"{len(stored)} stored webhook(s) wait for a full batch of {BATCH_SIZE} "
+                    f"or an empty queue: {queued} ingestion run(s) are queued."
+                )
             return SkipReason("No stored webhooks waiting for ingestion.")
         requests: list[RunRequest] = []
         for start in range(0, len(rows), BATCH_SIZE):
