@@ -34,7 +34,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--database", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--mode", choices=["workers", "batch"], default="workers")
     parser.add_argument("--kill-every-s", type=float, default=3.0, help="0: no kills")
-    parser.add_argument("--kill-kinds", default=",".join(KINDS))
+    parser.add_argument(
+        "--kill-kinds",
+        help=f"default: {','.join(KINDS)}; without step in batch mode (its runs have none)",
+    )
     parser.add_argument(
         "--kill-tail-s", type=float, default=20.0, help="kills go on this long after publishing"
     )
@@ -119,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         poison_share=args.poison_share,
     )
     supervisor = Supervisor(stack).start()
-    kinds = tuple(k for k in args.kill_kinds.split(",") if k)
+    if args.kill_kinds is None:
+        kinds = tuple(k for k in KINDS if args.mode == "workers" or k != "step")
+    else:
+        kinds = tuple(k for k in args.kill_kinds.split(",") if k)
     kills = KillSchedule(stack, args.kill_every_s, rng, kinds)
     faults = program.FaultProgram(stack)
     publish_s = args.events / args.per_s
