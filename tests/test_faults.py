@@ -189,13 +189,7 @@ def test_events_whose_run_waits_in_the_queue_are_not_requested_again(engine, dat
     with DagsterInstance.ephemeral() as instance:
         (request,) = tick(instance).run_requests
         assert event_ids(SensorResult(run_requests=[request])) == [waiting]
-        queued = instance.create_run_for_job(
-            defs.get_job_def("send_email_job"),
-            run_config=request.run_config,
-            tags=request.tags,
-            status=DagsterRunStatus.QUEUED,
-            remote_job_origin=_job_origin("send_email_job"),
-        )
+        queued = _queue(instance, "send_email_job", request)
         age_requests()
         assert isinstance(tick(instance), SkipReason)  # its run will claim them
         first = signup(engine, "u7")
@@ -226,9 +220,8 @@ def test_stored_webhooks_wait_for_a_full_batch_while_an_ingestion_run_is_queued(
     """The webhook inbox sensor batches as the outbox sensors do: with an ingestion run in the
     queue it requests only full batches of ``BATCH_SIZE``; once the queue is empty the rest
     goes out at once."""
-    from dagster import DagsterRunStatus, SensorResult, SkipReason, build_sensor_context
+    from dagster import SensorResult, SkipReason, build_sensor_context
 
-    from email_platform.definitions import defs
     from email_platform.resources import AppDatabase
     from email_platform.sensors.webhooks import BATCH_SIZE, webhook_inbox_sensor
     from email_platform.store import inbox
@@ -265,13 +258,7 @@ def test_stored_webhooks_wait_for_a_full_batch_while_an_ingestion_run_is_queued(
     with DagsterInstance.ephemeral() as instance:
         (request,) = tick(instance).run_requests
         assert inbox_ids(SensorResult(run_requests=[request])) == [first]
-        queued = instance.create_run_for_job(
-            defs.get_job_def("ingest_webhooks_job"),
-            run_config=request.run_config,
-            tags=request.tags,
-            status=DagsterRunStatus.QUEUED,
-            remote_job_origin=_job_origin("ingest_webhooks_job"),
-        )
+        queued = _queue(instance, "ingest_webhooks_job", request)
         later = store(2)
         held = tick(instance)
         assert isinstance(held, SkipReason) and "2 stored webhook(s)" in (held.skip_message or "")
@@ -279,6 +266,21 @@ def test_stored_webhooks_wait_for_a_full_batch_while_an_ingestion_run_is_queued(
         assert inbox_ids(tick(instance)) == [later[:BATCH_SIZE]]
         instance.report_run_failed(queued)
         assert inbox_ids(tick(instance)) == [later[BATCH_SIZE:]]
+
+
+def _queue(instance, job_name: str, request):  # type: ignore[no-untyped-def]
+    """A run of ``request`` waiting in the run queue, as the daemon's queue holds one."""
+    from dagster import DagsterRunStatus
+
+    from email_platform.definitions import defs
+
+    return instance.create_run_for_job(
+        defs.get_job_def(job_name),
+        run_config=request.run_config,
+        tags=request.tags,
+        status=DagsterRunStatus.QUEUED,
+        remote_job_origin=_job_origin(job_name),
+    )
 
 
 def _job_origin(job_name: str):  # type: ignore[no-untyped-def]
