@@ -124,6 +124,35 @@ def trace(event_id: str, as_json: bool, url: str | None) -> None:
 
 
 @main.group()
+def workers() -> None:
+    """Resident lane-worker runs."""
+
+
+@workers.command("stop")
+@click.option("--lane", help="Only this lane's workers (default: every lane).")
+def workers_stop(lane: str | None) -> None:
+    """Ask lane workers to end cleanly (before a shutdown or deploy): each finishes its batch in
+    flight, gives back what it holds and ends as a successful run. The lane sensors start new
+    workers when mail is due; stop a lane's sensor to pause it instead."""
+    from dagster import DagsterInstance
+
+    from email_platform.lanes import parse_lane
+    from email_platform.sensors.runs import stop_lane_workers
+
+    if lane is not None:
+        try:
+            lane = parse_lane(lane).value
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--lane") from None
+    home = config.dagster_home()
+    if not (home / "dagster.yaml").exists():
+        raise click.ClickException(f"no Dagster instance at {home}: set DAGSTER_HOME")
+    with DagsterInstance.from_config(str(home)) as instance:
+        count = stop_lane_workers(instance, lane)
+    click.echo(f"asked {count} unfinished lane-worker run(s) to stop")
+
+
+@main.group()
 def dlq() -> None:
     """Dead letters: list, replay, discard."""
 

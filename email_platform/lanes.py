@@ -107,6 +107,12 @@ DEFAULT_LANE_CONFIGS: dict[Lane, LaneConfig] = {
 }
 
 
+#: A lane-worker run tagged with this (any value) finishes its batch in flight, gives back what it
+#: holds and ends as a success: how the demo and a clean shutdown stop workers. Terminating the
+#: run also stops it, but Dagster then shows the run as canceled.
+STOP_TAG = "email/stop"
+
+
 def outbox_sensor_name(lane: str) -> str:
     """The lane's outbox sensor: stopping it pauses the lane (its workers watch for that)."""
     return f"{lane}_outbox_sensor"

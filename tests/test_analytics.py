@@ -12,7 +12,14 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from dagster import AssetCheckSeverity, AssetKey, build_sensor_context, materialize
+from dagster import (
+    AssetCheckSeverity,
+    AssetKey,
+    MarkdownMetadataValue,
+    TimestampMetadataValue,
+    build_sensor_context,
+    materialize,
+)
 from sqlalchemy import Engine, func, insert, select, update
 
 from email_platform import warehouse
@@ -843,7 +850,9 @@ def test_question_files_run_read_only_against_the_snapshot(loaded):
         "bounce_rate_by_domain",
         "dead_letters_by_reason",
         "funnel_by_template",
+        "rates_by_template_last_7_days",
         "time_to_open_distribution",
+        "welcome_open_rate_last_7_days",
         "welcome_open_rate_weekly",
     ]
     answers = {name: warehouse.run_question(path, name) for name in names}
@@ -852,8 +861,17 @@ def test_question_files_run_read_only_against_the_snapshot(loaded):
     assert weekly.iloc[0]["open_rate"] == 1.0 and weekly.iloc[0]["machine_opened"] == 1
     by_reason = answers["dead_letters_by_reason"]
     assert by_reason.iloc[0]["reason"] == "provider_rejected" and by_reason.iloc[0]["open"] == 1
-    assert not answers["funnel_by_template"].empty
-    assert not answers["bounce_rate_by_domain"].empty
+    by_template = answers["funnel_by_template"].set_index("template")
+    assert (
+        by_template.loc["welcome", "messages"] == 2 and by_template.loc["welcome", "accepted"] == 1
+    )
+    assert by_template.loc["welcome", "acceptance_rate"] == 0.5
+    assert by_template.loc["welcome", "open_rate"] == 1.0
+    assert by_template.loc["receipt", "event_to_accepted_p50_s"] == 3.0
+    by_domain = answers["bounce_rate_by_domain"].set_index("recipient_domain")
+    assert by_domain.loc["gmail.com", "bounce_rate"] == 1.0
+    assert by_domain.loc["gmail.com", "hard_bounce_rate"] == 1.0
+    assert by_domain.loc["example.com", "bounce_rate"] == 0.0
     assert not answers["time_to_open_distribution"].empty
 
 
@@ -864,8 +882,11 @@ def test_funnel_report_for_the_demo(loaded):
     welcome = report.rows[1]
     assert (welcome["messages"], welcome["human_opened"], welcome["machine_opened"]) == (2, 1, 1)
     assert report.welcome_open_rate == 1.0
+    # Only these events: message 4's open (weekly_digest) is not counted.
+    assert report.rates.overall["human_opened"] == 1 and report.rates.overall["delivered"] == 2
     text = report.to_text()
-    assert "Welcome email human open rate: 100.0%" in text
+    assert "Welcome email human open rate: 100.0% (last 7 days;" in text
+    assert "last 7 days, 2026-02-24 to 2026-03-02" in text
     assert warehouse.funnel_row(path, "E2")[0]["bounce_type"] == "hard"
 
 
@@ -873,7 +894,7 @@ def test_checks_pass_and_fail_with_the_right_severity(loaded):
     _, path, _ = loaded
     connection = warehouse.connect_read_only(path)
     try:
-        strict = warehouse.Thresholds(min_accepted=1)
+        strict = warehouse.Thresholds(min_messages=1)
         one_row = warehouse.check_one_row_per_message(connection)
         orphans = warehouse.check_provider_events_joined(connection)
         latencies = warehouse.check_no_negative_latencies(connection)
@@ -887,6 +908,7 @@ def test_checks_pass_and_fail_with_the_right_severity(loaded):
     assert (orphans.passed, orphans.severity, orphans.metadata["orphans"]) == (False, "WARN", 1)
     assert orphans.metadata["orphans_opened"] == 1
     assert (letters.passed, letters.metadata["open_provider_rejected"]) == (False, 1)
+    assert letters.metadata["oldest_open_at"] == at(124)  # a datetime, not an epoch number
     assert (bounce.passed, bounce.severity, bounce.metadata["rows_breaching"]) == (
         False,
         "ERROR",
@@ -894,7 +916,96 @@ def test_checks_pass_and_fail_with_the_right_severity(loaded):
     )
     assert "receipt/transactional/sandbox" in bounce.description
     assert quiet.passed and quiet.metadata["rows_checked"] == 0
+    assert quiet.metadata["min_messages"] == 1000 and quiet.metadata["rows_not_judged"] == 5
+    assert "not judged" in quiet.description
     assert not complaints.passed
+    assert complaints.metadata["rate_definition"] == "complained / delivered"
+    assert complaints.metadata["worst_complaint_rate"] == 1.0
+
+
+def test_a_rate_is_judged_only_on_enough_messages(loaded):
+    """One complaint among 190 delivered (0.53%, over the 0.3% threshold) is too few messages
+    to judge a rate by: the check passes at the default minimum and says why; with a minimum
+    the row meets, it fails."""
+    _, path, _ = loaded
+    writer = duckdb.connect(str(path))  # a doctored copy; no refresh runs here
+    try:
+        writer.execute(
+            "UPDATE email_funnel_daily SET accepted = 190, delivered = 190, complained = 1, "
+            "complaint_rate = 1 / 190 WHERE template = 'weekly_digest'"
+        )
+        demo = warehouse.check_daily_rate(writer, "complaint_rate", 0.003)
+        smaller = warehouse.Thresholds(min_messages=190)
+        judged = warehouse.check_daily_rate(writer, "complaint_rate", 0.003, smaller)
+    finally:
+        writer.close()
+    assert (demo.passed, demo.metadata["rows_checked"], demo.metadata["min_messages"]) == (
+        True,
+        0,
+        1000,
+    )
+    assert demo.metadata["largest_delivered"] == 190 and "worst_complaint_rate" not in demo.metadata
+    assert demo.description == (
+        "No day x template x lane x provider in the last 7 days has at least 1,000 delivered "
+        "messages (the most is 190); the complaint rate is not judged on so few."
+    )
+    assert (judged.passed, judged.metadata["rows_checked"]) == (False, 1)
+    assert judged.metadata["worst_complaint_rate"] == pytest.approx(1 / 190)
+    assert "0.53% on 2026-03-02 for weekly_digest/bulk/sandbox (190 delivered)" in (
+        judged.description
+    )
+    assert Warehouse().thresholds().min_messages == 1000
+    assert Warehouse(rate_check_min_messages=5).thresholds().min_messages == 5
+
+
+def test_open_dead_letters_name_the_runs_that_hold_them(engine, tmp_path):
+    write_fixture(engine)
+    stamp = at if engine.dialect.name == "postgresql" else naive
+    with engine.begin() as connection:
+        connection.execute(
+            insert(dead_letters),
+            [
+                {
+                    "dead_letter_id": dead_letter_id,
+                    "event_id": "E3",
+                    "lane": "critical",
+                    "reason": reason,
+                    "attempts": 1,
+                    "run_id": run,
+                    "status": status,
+                    "created_at": stamp(seconds),
+                }
+                for dead_letter_id, (reason, run, status, seconds) in enumerate(
+                    [
+                        ("render_failed", "run-2", "open", 200),
+                        ("render_failed", "run-2", "open", 100),
+                        ("provider_rejected", "run-3", "replayed", 50),  # closed: not listed
+                        ("unknown_version", None, "open", 300),
+                    ],
+                    start=2,
+                )
+            ],
+        )
+    path = tmp_path / "warehouse.duckdb"
+    warehouse.refresh(engine, path)
+    connection = warehouse.connect_read_only(path)
+    try:
+        letters = warehouse.check_open_dead_letters(connection)
+    finally:
+        connection.close()
+    metadata = letters.metadata
+    assert (metadata["open_dead_letters"], metadata["runs_with_open"]) == (4, 3)
+    assert metadata["oldest_open_at"] == at(100)
+    table = metadata["runs_with_open_dead_letters"]
+    assert isinstance(table, warehouse.Markdown)
+    assert table.splitlines()[2:] == [
+        f"| [`run-2`](/runs/run-2) | 2 | {naive(100):%Y-%m-%d %H:%M:%S} UTC |",
+        f"| [`run-1`](/runs/run-1) | 1 | {naive(124):%Y-%m-%d %H:%M:%S} UTC |",
+        f"| (no run) | 1 | {naive(300):%Y-%m-%d %H:%M:%S} UTC |",
+    ]
+    assert "run-3" not in table
+    assert "most by run-2 (2), run-1 (1), (no run) (1)" in letters.description
+    assert "`email-platform dlq replay`" in letters.description
 
 
 def test_a_negative_latency_and_a_doubled_row_fail_as_errors(loaded):
@@ -919,7 +1030,7 @@ def test_assets_materialize_with_metadata_and_checks_in_dagster(engine, database
         [analytics_warehouse, *analytics_checks],
         resources={
             "app_database": AppDatabase(url=database_url),
-            "warehouse": Warehouse(path=str(path), min_accepted_per_day=1),
+            "warehouse": Warehouse(path=str(path), rate_check_min_messages=1),
         },
     )
     assert result.success
@@ -927,10 +1038,27 @@ def test_assets_materialize_with_metadata_and_checks_in_dagster(engine, database
     assert set(materialized) == set(warehouse.MODEL_NAMES)
     funnel = materialized["email_funnel"].materialization.metadata
     assert funnel["dagster/row_count"].value == 5 and funnel["accepted"].value == 3
-    assert funnel["open_rate"].value == pytest.approx(2 / 3)
+    # One open rate, stated with its window: email_funnel_daily's, not an all-time one here.
+    assert not any(key.endswith("_rate") for key in funnel)
     daily = materialized["email_funnel_daily"].materialization.metadata
+    assert daily["open_rate_7d"].value == pytest.approx(2 / 3)
+    assert daily["welcome_open_rate_7d"].value == 1.0
+    assert daily["receipt_open_rate_7d"].value == 0.0
+    assert daily["receipt_bounce_rate_7d"].value == 1.0
+    assert daily["weekly_digest_complaint_rate_7d"].value == 1.0
+    assert "password_reset_open_rate_7d" not in daily  # nothing delivered: no rate
+    assert daily["rates_window"].value == (
+        "last 7 days, 2026-02-24 to 2026-03-02 (UTC, by the day each message was created)"
+    )
+    assert "open_rate = human_opened / delivered" in daily["rate_definitions"].value
     assert "data:image/svg+xml;base64," in daily["funnel_chart"].value
-    assert (tmp_path / "warehouse.duckdb.funnel.svg").read_text().startswith("<svg")
+    assert "| welcome | 2 | 1 | 1 | 1 | 1 | 1 | 100.0% | 100.0% |" in daily["funnel_chart"].value
+    svg = (tmp_path / "warehouse.duckdb.funnel.svg").read_text()
+    assert svg.startswith("<svg")
+    # Each step labelled with its rate: opened of delivered (the open rate), not of every
+    # message (1 of welcome's 2); accepted of messages.
+    assert "1 (100.0% of delivered)" in svg and "1 (50.0% of messages)" in svg
+    assert "(50.0%)" not in svg
     sends = materialized["stg_sends"].materialization.metadata
     assert sends["rows_loaded"].value == 5 and sends["data_through"].value > 0
     checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
@@ -947,6 +1075,13 @@ def test_assets_materialize_with_metadata_and_checks_in_dagster(engine, database
     assert checks["bounce_rate_under_threshold"].severity == AssetCheckSeverity.ERROR
     assert checks["provider_events_joined"].severity == AssetCheckSeverity.WARN
     assert checks["provider_events_joined"].metadata["orphans"].value == 1
+    letters = checks["open_dead_letters"].metadata
+    assert isinstance(letters["oldest_open_at"], TimestampMetadataValue)
+    assert letters["oldest_open_at"].value == at(124).timestamp()
+    assert isinstance(letters["runs_with_open_dead_letters"], MarkdownMetadataValue)
+    assert "[`run-1`](/runs/run-1) | 1 |" in letters["runs_with_open_dead_letters"].value
+    complaints = checks["complaint_rate_under_threshold"].metadata
+    assert (complaints["min_messages"].value, complaints["rows_checked"].value) == (1, 3)
     # Again: nothing new loads; with the reconcile tag, everything is rebuilt from scratch.
     resources = {
         "app_database": AppDatabase(url=database_url),

@@ -95,3 +95,17 @@ def test_real_sends_and_webhooks_land_in_the_funnel(engine, database_url, sandbo
     assert all(v.value == 0 for v in loaded.values() if v is not None)
     report = warehouse.funnel_report(path, event_ids=[opened, bounced, quiet])
     assert report.welcome_open_rate == 0.5  # one human open of two delivered
+    # The data is only these events: the demo's number is the UI's and the question's.
+    daily = {
+        m.asset_key.path[-1]: m.materialization.metadata
+        for m in result.get_asset_materialization_events()
+    }["email_funnel_daily"]
+    assert daily["welcome_open_rate_7d"].value == 0.5
+    assert daily["welcome_machine_open_rate_7d"].value == 0.5
+    assert warehouse.template_rates(path).rate("open_rate", "welcome") == 0.5
+    week = warehouse.run_question(path, "rates_by_template_last_7_days")
+    assert week.set_index("template").loc["welcome", "open_rate"] == 0.5
+    assert warehouse.run_question(path, "welcome_open_rate_last_7_days").iloc[0]["open_rate"] == 0.5
+    # Three messages are too few to judge a complaint rate by (none here anyway).
+    assert checks["complaint_rate_under_threshold"].passed
+    assert checks["complaint_rate_under_threshold"].metadata["rows_checked"].value == 0

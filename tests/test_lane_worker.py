@@ -554,6 +554,146 @@ def test_failed_worker_run_is_reexecuted_to_replay_its_dead_letters(
     assert sorted(keys) == sorted([f"{sent_before}:welcome", f"{flaky}:welcome"])
 
 
+def _run_logs(instance: DagsterInstance, run_id: str) -> list[str]:
+    return [e.user_message for e in instance.all_logs(run_id) if not e.is_dagster_event]
+
+
+def _observations(instance: DagsterInstance, run_id: str) -> list[dict]:
+    return [
+        {
+            k: v.value
+            for k, v in e.dagster_event.asset_observation_data.asset_observation.metadata.items()
+        }
+        for e in instance.all_logs(run_id)
+        if e.is_dagster_event and e.dagster_event.event_type_value == "ASSET_OBSERVATION"
+    ]
+
+
+def test_a_worker_run_with_dead_letters_is_tagged_and_reports_each_batch(
+    engine, database_url, sandbox, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("EMAIL_PLATFORM_DATABASE_URL", database_url)
+    monkeypatch.setenv("EMAIL_PLATFORM_SANDBOX_BASE_URL", sandbox.base_url)
+    monkeypatch.setenv(
+        "EMAIL_PLATFORM_LANES",
+        '{"transactional": {"batch_size": 3, "worker_idle_s": 1, "worker_poll_s": 0.05,'
+        ' "retry_delay_s": 0.01, "max_retries": 1}}',
+    )
+    good = [signup(engine, f"u{i}") for i in range(4)]
+    flaky = signup(engine, "bad", email="bad+503x2@example.com")  # fails twice, then accepted
+    (tmp_path / "dagster").mkdir()
+    with DagsterInstance.local_temp(str(tmp_path / "dagster")) as instance:
+        with execute_job(
+            reconstructable(_worker_job), instance=instance, run_config=WORKER_CONFIG
+        ) as run:
+            assert not run.success
+            run_id = run.run_id
+            metadata = run.get_step_failure_events()[0].step_failure_data.user_failure_data.metadata
+        assert instance.get_run_by_id(run_id).tags["email/dead_letters"] == "1"
+        logs = _run_logs(instance, run_id)
+        batches = [line for line in logs if line.startswith("batch ")]
+        # Five events in batches of three, then the retry: one line per batch, with its range.
+        assert len(batches) == 3, logs
+        assert batches[0].startswith(f"batch 1: events {min(good[:3])}..{max(good[:3])}: claimed 3")
+        assert batches[1].startswith(
+            f"batch 2: events {good[3]}..{flaky}: claimed 2, sent 1, retrying 1"
+        )
+        assert batches[2].startswith(
+            f"batch 3 (retry 1): events {flaky}..{flaky}: claimed 1, sent 0, retrying 1"
+        )
+        assert all("provider calls" in line for line in batches)
+        # What the run did, under names a reader understands, and what the UI plots.
+        assert metadata["messages_sent"].value == 4
+        assert metadata["dead_letters_recorded"].value == 1
+        assert metadata["open_dead_letters"].value == 1
+        assert "claimed again" in metadata["counters"].value
+        observed = _observations(instance, run_id)
+        assert sum(o["messages_sent"] for o in observed) == 4
+        assert sum(o["dead_letters_recorded"] for o in observed) == 1
+        assert {o["lane"] for o in observed} == {"transactional"}
+
+        # The re-execution inherits the tag, and corrects it once it replayed the letter.
+        with execute_job(
+            reconstructable(_worker_job),
+            instance=instance,
+            reexecution_options=ReexecutionOptions.from_failure(run_id, instance),
+        ) as replayed:
+            assert replayed.success
+        assert instance.get_run_by_id(replayed.run_id).tags.get("email/dead_letters") in (None, "0")
+
+
+def test_a_worker_asked_to_stop_ends_as_a_successful_run(
+    engine, database_url, sandbox, tmp_path, monkeypatch
+):
+    from click.testing import CliRunner
+
+    from email_platform.cli import main
+    from email_platform.local.dagster_home import prepare_home, wait_for
+
+    monkeypatch.setenv("EMAIL_PLATFORM_DATABASE_URL", database_url)
+    monkeypatch.setenv("EMAIL_PLATFORM_SANDBOX_BASE_URL", sandbox.base_url)
+    # Idle for a minute: only the stop request can end it within the test.
+    monkeypatch.setenv(
+        "EMAIL_PLATFORM_LANES",
+        '{"transactional": {"worker_idle_s": 60, "worker_poll_s": 0.05}}',
+    )
+    home = tmp_path / "dagster"
+    prepare_home(home)
+    first = signup(engine, "u0")
+    outcome: dict = {}
+
+    def run_worker() -> None:
+        with (
+            DagsterInstance.from_config(str(home)) as instance,
+            execute_job(
+                reconstructable(_worker_job),
+                instance=instance,
+                run_config=WORKER_CONFIG,
+                tags={"email/lane": "transactional"},  # as the lane sensor tags its workers
+            ) as result,
+        ):
+            outcome["success"] = result.success
+            outcome["run_id"] = result.run_id
+
+    thread = threading.Thread(target=run_worker)
+    thread.start()
+    try:
+        assert wait_for(lambda: event(engine, first).status == "done", 30)
+        stopped = CliRunner().invoke(
+            main, ["workers", "stop", "--lane", "transactional"], env={"DAGSTER_HOME": str(home)}
+        )
+        asked = time.monotonic()
+    finally:
+        thread.join(60)
+    assert stopped.exit_code == 0 and "asked 1 unfinished" in stopped.output, stopped.output
+    assert not thread.is_alive() and time.monotonic() - asked < 15
+    assert outcome["success"] is True
+    with DagsterInstance.from_config(str(home)) as instance:
+        run = instance.get_run_by_id(outcome["run_id"])
+        assert run.status == DagsterRunStatus.SUCCESS and run.tags["email/stop"] == "requested"
+        assert any("stopped on request" in line for line in _run_logs(instance, run.run_id))
+    assert [m["idempotency_key"] for m in sandbox_messages(sandbox.base_url)] == [
+        f"{first}:welcome"
+    ]
+    unknown = CliRunner().invoke(
+        main, ["workers", "stop", "--lane", "nope"], env={"DAGSTER_HOME": str(home)}
+    )
+    assert unknown.exit_code == 2 and "unknown lane" in unknown.output
+
+
+def test_a_worker_notices_a_stop_request_on_its_run():
+    from email_platform.ops.lane_worker import stop_check
+    from email_platform.sensors.runs import stop_lane_workers
+
+    with DagsterInstance.ephemeral() as instance:
+        run = _worker_run(instance)
+        check = stop_check(instance, "critical", run.run_id, None)
+        assert check() is None
+        assert stop_lane_workers(instance, "bulk") == 0  # another lane's workers only
+        assert stop_lane_workers(instance) == 1
+        assert stop_check(instance, "critical", run.run_id, None)() == "stopped"
+
+
 def _worker_in_child(database_url: str, sandbox_url: str, home: str) -> None:
     os.environ["EMAIL_PLATFORM_DATABASE_URL"] = database_url
     os.environ["EMAIL_PLATFORM_SANDBOX_BASE_URL"] = sandbox_url

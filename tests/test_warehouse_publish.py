@@ -374,15 +374,63 @@ def test_funnel_totals_from_the_daily_table_equal_counts_over_every_funnel_row(h
         "SELECT count(*), count(accepted_at), count(delivered_at), count(first_open_at), "
         "count(first_machine_open_at), count(first_click_at), count(bounced_at), "
         "count(complained_at), count(unsubscribed_at), "
-        "count(*) FILTER (WHERE final_status = 'dead'), "
-        "count(first_open_at) / nullif(count(delivered_at), 0) FROM email_funnel",
+        "count(*) FILTER (WHERE final_status = 'dead') FROM email_funnel",
     )[0]
     names = (
         "messages", "accepted", "delivered", "human_opened", "machine_opened", "clicked",
-        "bounced", "complained", "unsubscribed", "dead", "open_rate",
+        "bounced", "complained", "unsubscribed", "dead",
     )  # fmt: skip
     assert tuple(summary.funnel[name] for name in names) == direct
     assert summary.funnel["messages"] == 700 and summary.funnel["dead"] > 0
+    # No rates here: template_rates' over a stated window are the only ones in the UI.
+    assert not any(name.endswith("_rate") for name in summary.funnel)
+
+
+def test_template_rates_equal_counts_over_the_funnel_rows_of_their_window(tmp_path):
+    """Three weeks of generated mail: per template and overall, over the last 7 days, every
+    day and a subset of events, the rates are the funnel rows' counts over counts."""
+    url = f"sqlite:///{tmp_path / 'app.sqlite3'}"
+    generate(url, messages=3_000, days=21, end=datetime.now(UTC), seed=3)
+    path = tmp_path / "warehouse.duckdb"
+    warehouse.refresh(url, path)
+    events = [r[0] for r in rows(path, "SELECT event_id FROM email_funnel USING SAMPLE 300 ROWS")]
+
+    def ratio(numerator: int, denominator: int) -> float | None:
+        return numerator / denominator if denominator else None
+
+    def direct(where: str, params: list) -> dict[str | None, tuple]:
+        connection = warehouse.connect_read_only(path)
+        try:
+            counted = connection.execute(
+                "SELECT template, count(*), count(accepted_at), count(delivered_at), "
+                "count(first_open_at), count(first_machine_open_at), count(bounced_at), "
+                f"count(complained_at) FROM email_funnel WHERE {where} "
+                "GROUP BY ROLLUP (template)",
+                params,
+            ).fetchall()
+        finally:
+            connection.close()
+        return {
+            template: (messages, ratio(opened, delivered), ratio(machine, delivered),
+                       ratio(bounced, accepted), ratio(complained, delivered))
+            for template, messages, accepted, delivered, opened, machine, bounced, complained
+            in counted
+        }  # fmt: skip
+
+    def of(rates: warehouse.FunnelRates) -> dict[str | None, tuple]:
+        return {
+            row["template"]: (row["messages"], row["open_rate"], row["machine_open_rate"],
+                              row["bounce_rate"], row["complaint_rate"])
+            for row in (rates.overall, *rates.templates)
+        }  # fmt: skip
+
+    week = warehouse.template_rates(path)
+    assert of(week) == direct("day > (SELECT max(day) FROM email_funnel) - 7", [])
+    assert 0 < week.overall["messages"] < 3_000 and len(week.templates) >= 3
+    assert week.overall["open_rate"] > 0
+    assert of(warehouse.template_rates(path, days=None)) == direct("true", [])
+    subset = warehouse.template_rates(path, days=None, event_ids=events)
+    assert of(subset) == direct("event_id IN (SELECT unnest(?::VARCHAR[]))", [events])
 
 
 def test_funnel_totals_of_an_empty_warehouse(tmp_path):
@@ -390,4 +438,7 @@ def test_funnel_totals_of_an_empty_warehouse(tmp_path):
     generate(url, messages=0, days=1, end=datetime.now(UTC))
     totals = warehouse.refresh(url, tmp_path / "warehouse.duckdb").funnel
     assert totals["messages"] == 0 and totals["dead"] == 0
-    assert totals["open_rate"] is None and totals["event_to_accepted_p50_s"] is None
+    assert totals["event_to_accepted_p50_s"] is None
+    rates = warehouse.template_rates(tmp_path / "warehouse.duckdb")
+    assert (rates.overall["messages"], rates.overall["open_rate"], rates.templates) == (0, None, [])
+    assert rates.metadata_entries() == {} and rates.window == "no messages yet"

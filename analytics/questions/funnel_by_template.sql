@@ -1,23 +1,35 @@
 -- Where do messages fall out between the event and the inbox, per template?
--- Each step counts messages that reached it; the *_rate columns are step-to-step conversion.
+-- Each step counts messages that reached it; the rates are email_funnel_daily's (see its
+-- header): acceptance of messages, delivery of accepted, opens of delivered, clicks of opens.
+WITH counts AS (
+    SELECT
+        template,
+        sum(messages) AS messages,
+        sum(suppressed) AS suppressed,
+        sum(duplicate) AS duplicate,
+        sum(expired) AS expired,
+        sum(dead) AS dead,
+        sum(pending) AS pending,
+        sum(accepted) AS accepted,
+        sum(delivered) AS delivered,
+        sum(bounced) AS bounced,
+        sum(human_opened) AS human_opened,
+        sum(clicked) AS clicked
+    FROM email_funnel_daily
+    GROUP BY template
+),
+latency AS (
+    SELECT template, median(event_to_accepted_s) AS event_to_accepted_p50_s
+    FROM email_funnel
+    GROUP BY template
+)
 SELECT
-    template,
-    count(*) AS messages,
-    count(*) FILTER (WHERE final_status = 'suppressed') AS suppressed,
-    count(*) FILTER (WHERE final_status = 'duplicate') AS duplicate,
-    count(*) FILTER (WHERE final_status = 'expired') AS expired,
-    count(*) FILTER (WHERE final_status = 'dead') AS dead,
-    count(*) FILTER (WHERE final_status = 'pending') AS pending,
-    count(accepted_at) AS accepted,
-    count(delivered_at) AS delivered,
-    count(bounced_at) AS bounced,
-    count(first_open_at) AS human_opened,
-    count(first_click_at) AS clicked,
-    count(accepted_at) / nullif(count(*), 0) AS accepted_rate,
-    count(delivered_at) / nullif(count(accepted_at), 0) AS delivered_rate,
-    count(first_open_at) / nullif(count(delivered_at), 0) AS opened_rate,
-    count(first_click_at) / nullif(count(first_open_at), 0) AS clicked_after_open_rate,
-    median(event_to_accepted_s) AS event_to_accepted_p50_s
-FROM email_funnel
-GROUP BY template
-ORDER BY messages DESC
+    counts.*,
+    accepted / nullif(messages, 0) AS acceptance_rate,
+    delivered / nullif(accepted, 0) AS delivery_rate,
+    human_opened / nullif(delivered, 0) AS open_rate,
+    clicked / nullif(human_opened, 0) AS click_to_open_rate,
+    latency.event_to_accepted_p50_s
+FROM counts
+LEFT JOIN latency USING (template)
+ORDER BY messages DESC, template

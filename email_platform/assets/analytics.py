@@ -9,7 +9,7 @@ webhook ingestion.
 
 import base64
 import os
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from dagster import (
@@ -142,35 +142,39 @@ def _metadata(name: str, summary: core.RefreshSummary) -> dict[str, MetadataValu
     if name == core.FUNNEL_DAILY:
         metadata["dagster/row_count"] = MetadataValue.int(summary.table_rows[core.FUNNEL_DAILY])
         metadata["days_rebuilt"] = MetadataValue.int(summary.days_rebuilt)
-        metadata.update(_daily_chart(summary.warehouse_path))
+        metadata.update(_rates_and_chart(summary.warehouse_path))
     return metadata
 
 
-def _daily_chart(warehouse_path: str) -> dict[str, MetadataValue]:
-    """The funnel chart as SVG: inline in the UI (a data URI) and as a file beside the warehouse."""
-    connection = core.connect_read_only(warehouse_path)
-    try:
-        rows = core.funnel_by_template(connection, days=7)
-    finally:
-        connection.close()
-    svg = core.funnel_chart_svg(rows, title="Funnel by template, last 7 days (human opens)")
+def _rates_and_chart(warehouse_path: str) -> dict[str, MetadataValue]:
+    """The rates over the last days, overall and per template, as plotted floats; the funnel
+    chart and its table from the same numbers: inline in the UI (a data URI) and as a file."""
+    rates = core.template_rates(warehouse_path, days=core.RATE_WINDOW_DAYS)
+    metadata: dict[str, MetadataValue] = {
+        "rates_window": MetadataValue.text(rates.window),
+        "rate_definitions": MetadataValue.text(
+            "; ".join(f"{rate.name} = {rate.definition}" for rate in core.RATES)
+        ),
+    }
+    metadata.update(
+        {
+            key: MetadataValue.float(round(value, 6))
+            for key, value in rates.metadata_entries().items()
+        }
+    )
+    svg = core.funnel_chart_svg(
+        rates.templates, title=f"Funnel by template, {rates.scope} (human opens)"
+    )
     chart = Path(f"{warehouse_path}.funnel.svg")
     chart.write_text(svg)
     encoded = base64.b64encode(svg.encode()).decode()
-    table = "\n".join(
-        f"| {r['template']} | {r['messages']:,} | {r['accepted']:,} | {r['delivered']:,} | "
-        f"{r['human_opened']:,} | {r['clicked']:,} | {r['machine_opened']:,} |"
-        for r in rows
-    )
     markdown = (
         f"![funnel by template](data:image/svg+xml;base64,{encoded})\n\n"
-        "| template | event | accepted | delivered | opened | clicked | machine opens |\n"
-        "|---|---:|---:|---:|---:|---:|---:|\n" + table
+        + core.funnel_table_md(rates)
     )
-    return {
-        "funnel_chart": MetadataValue.md(markdown),
-        "funnel_chart_svg": MetadataValue.path(chart),
-    }
+    metadata["funnel_chart"] = MetadataValue.md(markdown)
+    metadata["funnel_chart_svg"] = MetadataValue.path(chart)
+    return metadata
 
 
 # ---------------------------------------------------------------------------------------------
@@ -184,8 +188,26 @@ def _result(outcome: core.CheckOutcome) -> AssetCheckResult:
         if outcome.severity == "ERROR"
         else AssetCheckSeverity.WARN,
         description=outcome.description,
-        metadata=outcome.metadata,
+        metadata={key: _metadata_value(value) for key, value in outcome.metadata.items()},
     )
+
+
+def _metadata_value(value: object) -> MetadataValue:
+    """A check's plain value as metadata; a datetime as a timestamp (Dagster would refuse it,
+    and an epoch float shows as a bare number), ``Markdown`` as Markdown."""
+    if isinstance(value, MetadataValue):
+        return value
+    if isinstance(value, datetime):
+        return MetadataValue.timestamp(value if value.tzinfo else value.replace(tzinfo=UTC))
+    if isinstance(value, core.Markdown):
+        return MetadataValue.md(str(value))
+    if isinstance(value, bool):
+        return MetadataValue.bool(value)
+    if isinstance(value, int):
+        return MetadataValue.int(value)
+    if isinstance(value, float):
+        return MetadataValue.float(value)
+    return MetadataValue.text(str(value))
 
 
 def _run(warehouse: Warehouse, check, *args) -> AssetCheckResult:  # type: ignore[no-untyped-def]

@@ -188,22 +188,18 @@ class DaemonProcess:
         return wait_for(settled, timeout_s, interval_s=0.5)
 
     def end_lane_workers(self) -> int:
-        """Ask every unfinished lane-worker run to end; returns how many were asked.
+        """Ask every unfinished lane-worker run to end; returns how many are unfinished.
 
-        Workers otherwise stay until their idle time is up. A terminated worker gives back what
-        it holds (idempotency keys kept), so nothing waits for a lease to expire.
+        Workers otherwise stay until their idle time is up. Each is tagged ``STOP_TAG``: it
+        sees its batch in flight through, gives back what it holds (idempotency keys kept) and
+        ends as a success, where a terminate would show a canceled run in the UI.
         """
-        from dagster import DagsterInstance, RunsFilter
+        from dagster import DagsterInstance
 
-        from email_platform.sensors.outbox import UNFINISHED_RUN_STATUSES
+        from email_platform.sensors.runs import stop_lane_workers
 
         with DagsterInstance.from_config(str(self.home)) as instance:
-            run_ids = instance.get_run_ids(
-                RunsFilter(job_name="lane_worker_job", statuses=UNFINISHED_RUN_STATUSES)
-            )
-            for run_id in run_ids:
-                instance.run_coordinator.cancel_run(run_id)
-        return len(run_ids)
+            return stop_lane_workers(instance)
 
     def stop(self, timeout_s: float = 30.0, drain_s: float = 0.0) -> None:
         """Stop the daemon, first giving in-flight runs up to ``drain_s`` seconds to finish.
@@ -214,8 +210,8 @@ class DaemonProcess:
             return
         if drain_s > 0 and self.alive():
             deadline = time.monotonic() + drain_s
-            # The sensors still tick: one may start a worker for claims a cancelled one gave
-            # back. Cancel until none is left (it converges once nothing is due).
+            # The sensors still tick: one may start a worker for claims a stopped one gave
+            # back. Stop until none is left (it converges once nothing is due).
             while self.end_lane_workers() and time.monotonic() < deadline:
                 self.wait_for_runs_to_finish(min(10.0, max(0.0, deadline - time.monotonic())))
             self.wait_for_runs_to_finish(max(0.0, deadline - time.monotonic()))

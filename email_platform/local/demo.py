@@ -7,6 +7,7 @@ free loopback port; a real ``dagster-daemon`` ticks the lane sensors and launche
 import base64
 import os
 import random
+import shlex
 import statistics
 import sys
 import time
@@ -403,13 +404,22 @@ def _print_report(report: dict, elapsed: float, dagster_home: Path) -> None:
     for lane, (p50, p95) in report["latency"].items():
         click.echo(f"    {lane:<13} p50 {p50:6.2f}s   p95 {p95:6.2f}s")
     click.echo("")
-    click.echo("Open the same runs in the Dagster UI:")
-    click.echo(
-        f"  DAGSTER_HOME={dagster_home} {_command('dagster')} dev "
-        f"-w {dagster_home / 'workspace.yaml'}"
-    )
+    click.echo("Open the same runs in the Dagster UI (these lines work from any directory):")
+    env = _hint_env(dagster_home)
+    click.echo(f"  {env} {_command('dagster')} dev -w {dagster_home / 'workspace.yaml'}")
     cli = _command("email-platform")
-    click.echo(f"Inspect: {cli} status | {cli} dlq list | {cli} trace EVENT_ID")
+    click.echo("Inspect:")
+    for command in ("status", "dlq list", "trace EVENT_ID"):
+        click.echo(f"  {env} {cli} {command}")
+
+
+def _hint_env(dagster_home: Path) -> str:
+    """The settings the demo ran with, as a command prefix: a hint copied into another shell
+    (or directory) must open the demo's database and instance, not the defaults there."""
+    settings = {config.PREFIX + "HOME": str(config.home_dir()), "DAGSTER_HOME": str(dagster_home)}
+    if os.environ.get(config.PREFIX + "DATABASE_URL"):
+        settings[config.PREFIX + "DATABASE_URL"] = config.database_url()
+    return " ".join(f"{name}={shlex.quote(value)}" for name, value in settings.items())
 
 
 def _command(name: str) -> str:

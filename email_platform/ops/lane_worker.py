@@ -16,7 +16,8 @@ from dagster import (
     op,
 )
 
-from email_platform.lanes import LaneConfig, outbox_sensor_name
+from email_platform.lanes import STOP_TAG, LaneConfig, outbox_sensor_name
+from email_platform.ops.reporting import WorkerReporter
 from email_platform.ops.retry import STEP_RETRY_POLICY
 from email_platform.ops.send import finish_with_dead_letters, make_sender, send_batch
 from email_platform.resources import AppDatabase, EmailProviderResource, LanePolicy, RoutingResource
@@ -28,6 +29,17 @@ STOP_CHECK_EVERY_S = 2.0
 CANCEL_STATUSES = (DagsterRunStatus.CANCELING, DagsterRunStatus.CANCELED)
 
 
+#: Why a worker ended, in words (the run's last log line).
+ENDINGS = {
+    "idle": "idle: nothing due for worker_idle_s",
+    "lifetime": "its lifetime is up; the sensor starts a successor",
+    "paused": "paused: the lane's outbox sensor is stopped",
+    "stopped": "stopped on request (the run's email/stop tag)",
+    "canceled": "the run was terminated",
+    "run_failed": "the run was declared failed",
+}
+
+
 class LaneWorkerConfig(Config):
     lane: str
 
@@ -35,14 +47,15 @@ class LaneWorkerConfig(Config):
 def stop_check(
     instance: DagsterInstance, lane: str, run_id: str, repository_origin_id: str | None
 ) -> Callable[[], str | None]:
-    """Why the worker should stop now, if it should: ``paused`` or ``canceled``.
+    """Why the worker should stop now, if it should: ``canceled``, ``run_failed``, ``stopped``
+    or ``paused``.
 
     ``paused``: the lane's outbox sensor is stopped (only this code location's sensor counts,
     ``repository_origin_id`` when the run has one: a stopped sensor of the same name elsewhere
     on the instance must not silence this lane). ``canceled``: someone asked to terminate the
     run. Dagster delivers that as one interrupt, which is lost if it lands in a garbage
     collection callback (seen here: SQLAlchemy's ``_collection_gced``), so the run's status is
-    read as well.
+    read as well. ``stopped``: the run carries ``STOP_TAG`` (a clean stop that ends green).
     """
     name = outbox_sensor_name(lane)
     state: dict = {"checked": 0.0, "reason": None}
@@ -58,6 +71,8 @@ def stop_check(
                 # The run was declared dead (its run process died) and its claims released:
                 # a step process left behind must stop instead of sending beside a successor.
                 state["reason"] = "run_failed"
+            elif run is not None and STOP_TAG in run.tags:
+                state["reason"] = "stopped"
             # An ephemeral instance (tests, in-process runs) has no sensors to stop.
             elif instance.schedule_storage is not None and any(
                 # Dagster exports no public name for the instigator enums: compare their values.
@@ -101,6 +116,7 @@ def run_lane_worker(
 
     provider = email_provider.open(concurrency=lane.concurrency)
     cancel = threading.Event()
+    reporter = WorkerReporter(context, lane.lane.value)
     try:
         sender = make_sender(context, lane, engine, provider, email_provider, routing, cancel)
         worker = LaneWorker(
@@ -112,16 +128,19 @@ def run_lane_worker(
                 context.instance, lane.lane.value, context.run_id, _repository_origin_id(context)
             ),
             log=context.log,
+            on_batch=reporter,
         )
         with interrupts_set(cancel):
             result = worker.run()
     finally:
         provider.close()
+    reporter.flush(result.totals)
     counts = dict(result.totals)
     counts.update(batches=result.batches, released=result.released)
     context.log.info(
-        f"lane worker ended ({result.reason}): "
-        + " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+        f"lane worker ended, {ENDINGS.get(result.reason, result.reason)}; after "
+        f"{result.batches} batch(es) it sent {counts.get('sent', 0)}, dead-lettered "
+        f"{counts.get('dead_lettered', 0)}, gave back {result.released} event(s)"
     )
     context.add_output_metadata({"ended": MetadataValue.text(result.reason)})
     return finish_with_dead_letters(context, engine, counts)

@@ -13,6 +13,7 @@ from dagster import (
 from sqlalchemy import Engine
 
 from email_platform.lanes import LaneConfig
+from email_platform.ops.reporting import observe_sends, run_metadata, tag_dead_letters
 from email_platform.ops.retry import retried_on_error
 from email_platform.providers.base import EmailProvider
 from email_platform.resources import AppDatabase, EmailProviderResource, LanePolicy, RoutingResource
@@ -81,11 +82,8 @@ def send_batch(
     finally:
         provider.close()
 
-    context.log.info(
-        f"lane={lane.lane} attempt={context.retry_number} first_event_id={event_ids[0]} "
-        f"last_event_id={event_ids[-1]} "
-        + " ".join(f"{k}={v}" for k, v in outcome.as_metadata().items())
-    )
+    attempt = context.retry_number
+    context.log.info(f"{lane.lane.value} batch, attempt {attempt}: {outcome.summary()}")
     if outcome.transient:
         if context.retry_number < lane.max_retries:
             wait_s = retry_wait_s(lane, context.retry_number, outcome.retry_after_s)
@@ -95,9 +93,12 @@ def send_batch(
             )
             raise RetryRequested(max_retries=lane.max_retries, seconds_to_wait=wait_s)
         exhausted = sender.give_up(outcome.transient, run_id=context.run_id)
+        outcome.dead += exhausted
         context.log.error(f"retries exhausted: {exhausted} message(s) dead-lettered")
 
-    return finish_with_dead_letters(context, engine, outcome.as_metadata())
+    counts = outcome.as_metadata()
+    observe_sends(context, lane.lane.value, counts)
+    return finish_with_dead_letters(context, engine, counts)
 
 
 def make_sender(
@@ -125,11 +126,13 @@ def make_sender(
 def finish_with_dead_letters(
     context: OpExecutionContext, engine: Engine, counts: dict[str, int]
 ) -> dict:
-    """Attach the counts to the step; fail the run (no retry) if it left open dead letters."""
+    """Attach the counts to the step and tag the run with its open dead letters; fail the run
+    (no retry) if it left any, so the operator re-executes it."""
     with engine.connect() as connection:
         open_letters = dead_letters.list_letters(connection, run_id=context.run_id)
     summary = {**counts, "open_dead_letters": len(open_letters)}
-    context.add_output_metadata({k: MetadataValue.int(v) for k, v in summary.items()})
+    tag_dead_letters(context, len(open_letters))
+    context.add_output_metadata(run_metadata(summary))
     if open_letters:
         raise Failure(
             description=(
@@ -141,7 +144,7 @@ def finish_with_dead_letters(
                 "dead_letter_ids": MetadataValue.text(
                     ", ".join(str(d.dead_letter_id) for d in open_letters[:100])
                 ),
-                **{k: MetadataValue.int(v) for k, v in summary.items()},
+                **run_metadata(summary),
             },
             allow_retries=False,
         )

@@ -14,7 +14,10 @@ class Warehouse(ConfigurableResource):
     ``refresh_interval_s`` (empty: ``EMAIL_PLATFORM_ANALYTICS_REFRESH_S``, default 60) is the
     most often ``analytics_refresh_sensor`` starts a refresh while data keeps changing, so the
     warehouse trails the operational tables by at most that plus one refresh.
-    The thresholds drive the bounce and complaint rate checks.
+    The thresholds drive the bounce and complaint rate checks, over the last
+    ``rate_window_days`` days: a day x template x lane x provider is judged only when the rate's
+    denominator (accepted messages for bounces, delivered for complaints) counts at least
+    ``rate_check_min_messages``; below that the check passes and says it did not judge.
     """
 
     path: str | None = None
@@ -22,7 +25,7 @@ class Warehouse(ConfigurableResource):
     refresh_interval_s: float | None = None
     bounce_rate_threshold: float = warehouse.Thresholds.bounce_rate
     complaint_rate_threshold: float = warehouse.Thresholds.complaint_rate
-    min_accepted_per_day: int = warehouse.Thresholds.min_accepted
+    rate_check_min_messages: int = warehouse.Thresholds.min_messages
     rate_window_days: int = warehouse.Thresholds.window_days
     clock_skew_s: float = warehouse.Thresholds.clock_skew_s
 
@@ -40,7 +43,7 @@ class Warehouse(ConfigurableResource):
         return warehouse.Thresholds(
             bounce_rate=self.bounce_rate_threshold,
             complaint_rate=self.complaint_rate_threshold,
-            min_accepted=self.min_accepted_per_day,
+            min_messages=self.rate_check_min_messages,
             window_days=self.rate_window_days,
             clock_skew_s=self.clock_skew_s,
         )

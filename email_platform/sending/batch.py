@@ -13,6 +13,7 @@ messages, dead letters, settling events). This class owns the transactions that 
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -189,12 +190,14 @@ class BatchSender:
         if batch.events:
             outcome = batch.outcome
             work = self._still_held(batch.work, run_id)
+            started = time.monotonic()
             self.dispatcher.send_all(
                 self.provider,
                 work,
                 record=lambda group: self.recorder.record_group(group, run_id, outcome),
                 salvage=lambda leftovers: self.recorder.salvage(leftovers, run_id, outcome),
             )
+            outcome.provider_s += time.monotonic() - started
             self.recorder.finish_events(batch.events, run_id, outcome, hold_retries=hold_retries)
         return batch.outcome
 

@@ -27,11 +27,40 @@ class BatchOutcome:
     transient: list[int] = field(default_factory=list)
     #: Largest Retry-After among the transient failures, if any provider gave one.
     retry_after_s: float | None = None
+    #: Wall time, seconds, from the first provider call of this attempt to the last answer
+    #: recorded (calls run side by side; answers are recorded while later calls are out).
+    provider_s: float = 0.0
 
     @property
     def skipped(self) -> int:
         """Requested events this run did not get: done already, or held by another run."""
         return self.requested - len(self.claimed)
+
+    def summary(self) -> str:
+        """One line for the run's log: which events, what became of them, the provider's time."""
+        if not self.claimed:
+            return (
+                f"none of {self.requested} event(s) claimed (sent already, or held by another run)"
+            )
+        parts = [f"claimed {len(self.claimed)}", f"sent {self.sent}"]
+        parts += [
+            f"{name} {n}"
+            for name, n in (
+                ("retrying", len(self.transient)),
+                ("dead-lettered", self.dead),
+                ("suppressed", self.suppressed),
+                ("expired", self.expired),
+                ("duplicate", self.duplicate),
+                ("no route", self.ignored),
+                ("not claimed (settled, or held by another run)", self.skipped),
+            )
+            if n
+        ]
+        return (
+            f"events {min(self.claimed)}..{max(self.claimed)}: "
+            + ", ".join(parts)
+            + f"; provider calls {self.provider_s:.2f}s"
+        )
 
     def as_metadata(self) -> dict[str, int]:
         return {

@@ -73,6 +73,7 @@ class LaneWorker:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Any] | None = None,
         heartbeat_every_s: float | None = None,
+        on_batch: Callable[["WorkerResult"], Any] | None = None,
     ) -> None:
         self.sender = sender
         self.engine = engine
@@ -81,6 +82,9 @@ class LaneWorker:
         self.should_stop = should_stop
         self.log = log or logging.getLogger(__name__)
         self.clock = clock
+        #: Called after each batch is counted, with the totals so far (the op tags the run and
+        #: records observations from it).
+        self.on_batch = on_batch
         # The sender's cancel flag: set by a terminate request (see ops/lane_worker.py); an
         # idle wait ends as soon as it is set.
         self.cancel = sender.cancel
@@ -212,8 +216,15 @@ class LaneWorker:
     def _count(self, outcome: BatchOutcome, retry_number: int) -> None:
         self.result.batches += 1
         self.result.totals.update(outcome.as_metadata())
+        retry = f" (retry {retry_number})" if retry_number else ""
+        self.log.info(f"batch {self.result.batches}{retry}: {outcome.summary()}")
         if outcome.transient:
             self._after_transient(outcome, retry_number)
+        if self.on_batch is not None:
+            try:
+                self.on_batch(self.result)
+            except Exception as exc:  # reporting progress must never stop the sending
+                self.log.warning(f"could not report the batch ({type(exc).__name__}: {exc})")
 
     def _after_transient(self, outcome: BatchOutcome, retry_number: int) -> None:
         if retry_number < self.lane.max_retries:

@@ -1,4 +1,5 @@
-"""What the batching sensors ask of the run queue before requesting runs."""
+"""What the sensors ask of the run queue before requesting runs, and the clean stop of lane
+workers (the demo, a shutdown, ``email-platform workers stop``)."""
 
 from collections.abc import Sequence
 from typing import TypeVar
@@ -39,3 +40,23 @@ def whole_batches(rows: Sequence[T], batch_size: int, queue_is_waiting: bool) ->
     if not queue_is_waiting:
         return list(rows)
     return list(rows[: len(rows) // batch_size * batch_size])
+
+
+def stop_lane_workers(instance: DagsterInstance, lane: str | None = None) -> int:
+    """Tag every unfinished lane-worker run (of ``lane``, or all) with ``STOP_TAG``; returns how
+    many are unfinished. Each sees its batch in flight through, gives back what it holds and
+    ends as a success within seconds; a queued one ends so as soon as it starts."""
+    from email_platform.lanes import STOP_TAG
+    from email_platform.sensors.outbox import UNFINISHED_RUN_STATUSES
+
+    runs = instance.get_runs(
+        RunsFilter(
+            job_name="lane_worker_job",
+            statuses=UNFINISHED_RUN_STATUSES,
+            tags={"email/lane": lane} if lane else {},
+        )
+    )
+    for run in runs:
+        if STOP_TAG not in run.tags:
+            instance.add_run_tags(run.run_id, {STOP_TAG: "requested"})
+    return len(runs)

@@ -15,6 +15,9 @@ snapshot analysts open read-only. One module per part:
 - ``files``: the writer file, the lock, connections; publishing a snapshot and preparing the
   next writer file.
 - ``refreshing``: ``refresh()``, one refresh from the lock to the published snapshot.
+- ``rates``: the funnel's rates (as ``analytics/email_funnel_daily.sql`` defines them) per
+  template and overall over the newest days: ``template_rates``, for the metadata, the chart,
+  the demo and the CLI.
 - ``checks`` and ``report``: what the asset checks, the demo and the CLI read from a snapshot.
 """
 
@@ -31,6 +34,7 @@ from email_platform.warehouse.build import (
 from email_platform.warehouse.checks import (
     LATENCY_COLUMNS,
     CheckOutcome,
+    Markdown,
     Thresholds,
     check_daily_rate,
     check_no_negative_latencies,
@@ -45,13 +49,22 @@ from email_platform.warehouse.files import (
     writer_lock,
     writer_path,
 )
+from email_platform.warehouse.rates import (
+    HEADLINE_RATES,
+    RATE_WINDOW_DAYS,
+    RATES,
+    RATES_BY_NAME,
+    FunnelRates,
+    Rate,
+    template_rates,
+)
 from email_platform.warehouse.refreshing import DEFAULT_LOOKBACK_S, RefreshSummary, refresh
 from email_platform.warehouse.report import (
     FunnelReport,
-    funnel_by_template,
     funnel_chart_svg,
     funnel_report,
     funnel_row,
+    funnel_table_md,
     funnel_totals,
     question_names,
     question_sql,
@@ -71,16 +84,23 @@ __all__ = [
     "DELETIONS",
     "FUNNEL",
     "FUNNEL_DAILY",
+    "HEADLINE_RATES",
     "LATENCY_COLUMNS",
     "MODELS",
     "MODEL_NAMES",
     "PATCH_CHUNK",
+    "RATES",
+    "RATES_BY_NAME",
+    "RATE_WINDOW_DAYS",
     "SOURCES",
     "SOURCES_BY_NAME",
     "STAGING_MODELS",
     "CheckOutcome",
+    "FunnelRates",
     "FunnelReport",
+    "Markdown",
     "Model",
+    "Rate",
     "RefreshSummary",
     "Source",
     "SourceUnavailableError",
@@ -91,10 +111,10 @@ __all__ = [
     "check_open_dead_letters",
     "check_provider_events_joined",
     "connect_read_only",
-    "funnel_by_template",
     "funnel_chart_svg",
     "funnel_report",
     "funnel_row",
+    "funnel_table_md",
     "funnel_totals",
     "lock_path",
     "model_sql",
@@ -104,6 +124,7 @@ __all__ = [
     "refresh",
     "run_question",
     "sql_file",
+    "template_rates",
     "writer_lock",
     "writer_path",
 ]

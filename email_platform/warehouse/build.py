@@ -122,8 +122,10 @@ MODELS: tuple[Model, ...] = (
     Model(
         FUNNEL_DAILY,
         "The funnel per UTC day x template x lane x provider: messages accepted, delivered, "
-        "opened by a human, clicked, bounced, complained, with their rates. Machine opens are "
-        "left out of the open rate and reported apart. Carries a funnel chart per template.",
+        "opened by a human, clicked, bounced, complained, and every rate of the funnel, defined "
+        "here once (open_rate = human_opened / delivered, ...). Machine opens are left out of "
+        "the open rate and reported apart. Carries the last 7 days' rates, overall and per "
+        "template (welcome_open_rate_7d, ...), and a funnel chart per template.",
         (FUNNEL,),
     ),
 )
