@@ -81,7 +81,10 @@ steps AS (
         coalesce(p.machine_open_count, 0) AS machine_open_count,
         coalesce(p.click_count, 0) AS click_count,
         dl.dead_letter_reason,
-        dl.dead_letter_status
+        dl.dead_letter_status,
+        e.trace_id,
+        e.correlation_id,
+        e.producer
     FROM stg_sends AS s
     LEFT JOIN stg_events AS e USING (event_id)
     LEFT JOIN attempts AS a USING (message_id)

@@ -12,5 +12,8 @@ SELECT
     published_at,
     status,      -- pending | in_flight | done | dead
     resolution,  -- why it is done: sent, ignored (no route), ...
-    done_at
+    done_at,
+    trace_id,        -- the publisher's request: its W3C trace id, or the id it gave
+    correlation_id,  -- the publisher's own request id, if it gave one
+    producer         -- the publishing service, if it said
 FROM raw_email_outbox

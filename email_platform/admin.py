@@ -1,4 +1,5 @@
-"""What operators ask of the system: status, trace, and dead-letter list / replay / discard.
+"""What operators ask of the system: status, trace (of an event or of a request), and
+dead-letter list / replay / discard.
 
 Plain functions over the repositories; the CLI formats what they return.
 """
@@ -79,6 +80,59 @@ def trace(
         "dead_letters": [_row(d) for d in letters],
         "funnel": _funnel(warehouse_path, event_id),
     }
+
+
+#: What ``trace_request`` shows of each event and message (``trace EVENT_ID`` shows all).
+_REQUEST_EVENT_FIELDS = (
+    "event_id",
+    "event_type",
+    "event_version",
+    "lane",
+    "status",
+    "resolution",
+    "published_at",
+    "done_at",
+    "trace_id",
+    "correlation_id",
+    "producer",
+)
+_REQUEST_MESSAGE_FIELDS = (
+    "message_id",
+    "route",
+    "template",
+    "status",
+    "delivery_status",
+    "provider",
+    "provider_message_id",
+    "sent_at",
+)
+
+
+def trace_request(
+    engine: Engine,
+    *,
+    trace_id: str | None = None,
+    correlation_id: str | None = None,
+    limit: int = 100,
+) -> list[dict[str, Any]]:
+    """The events one request published (by its trace id, its correlation id, or both), in
+    publish order, each with its messages; at most ``limit`` events."""
+    with engine.connect() as connection:
+        events = outbox.events_by_trace(
+            connection, trace_id=trace_id, correlation_id=correlation_id, limit=limit
+        )
+        by_event: dict[str, list[dict[str, Any]]] = {e.event_id: [] for e in events}
+        for message in messages.for_events(connection, list(by_event)):
+            by_event[message.event_id].append(_fields(message, _REQUEST_MESSAGE_FIELDS))
+    return [
+        {**_fields(event, _REQUEST_EVENT_FIELDS), "messages": by_event[event.event_id]}
+        for event in events
+    ]
+
+
+def _fields(row: Row, names: Sequence[str]) -> dict[str, Any]:
+    values = _row(row) or {}
+    return {name: values.get(name) for name in names}
 
 
 def select_dead_letters(

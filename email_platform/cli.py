@@ -85,11 +85,32 @@ def status(as_json: bool, url: str | None) -> None:
 
 
 @main.command()
-@click.argument("event_id")
+@click.argument("event_id", required=False)
+@click.option("--trace-id", help="List the events of this request's trace id instead.")
+@click.option("--correlation-id", help="List the events of this correlation id instead.")
+@click.option("--limit", default=100, show_default=True, help="Most events listed by a search.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--url", help="SQLAlchemy URL of the application database.")
-def trace(event_id: str, as_json: bool, url: str | None) -> None:
-    """The whole chain of one event: outbox row, messages, attempts, dead letters."""
+def trace(
+    event_id: str | None,
+    trace_id: str | None,
+    correlation_id: str | None,
+    limit: int,
+    as_json: bool,
+    url: str | None,
+) -> None:
+    """The whole chain of one event: outbox row, messages, attempts, dead letters.
+
+    With --trace-id or --correlation-id (or both), the events one request published instead,
+    each with its messages.
+    """
+    if event_id is not None and (trace_id or correlation_id):
+        raise click.UsageError("give an EVENT_ID or --trace-id / --correlation-id, not both")
+    if trace_id or correlation_id:
+        _trace_request(_engine(url), trace_id, correlation_id, limit, as_json)
+        return
+    if event_id is None:
+        raise click.UsageError("give an EVENT_ID, --trace-id or --correlation-id")
     from email_platform.admin import trace as read_trace
 
     chain = read_trace(_engine(url), event_id, warehouse_path=config.warehouse_path())
@@ -104,6 +125,9 @@ def trace(event_id: str, as_json: bool, url: str | None) -> None:
         f"lane={event['lane']} status={event['status']} ({event['resolution']})"
     )
     click.echo(f"  published {event['published_at']}  claimed_by run {event['claimed_by']}")
+    request = _request_fields(event)
+    if request:
+        click.echo(f"  {request}")
     for message in chain["messages"]:
         click.echo(
             f"  message {message['message_id']} {message['route']} -> "
@@ -121,6 +145,49 @@ def trace(event_id: str, as_json: bool, url: str | None) -> None:
             f"  dead letter {letter['dead_letter_id']} {letter['reason']} "
             f"{letter['status']}: {letter['last_error']}"
         )
+
+
+def _trace_request(
+    engine: Any, trace_id: str | None, correlation_id: str | None, limit: int, as_json: bool
+) -> None:
+    from email_platform.admin import trace_request
+
+    events = trace_request(engine, trace_id=trace_id, correlation_id=correlation_id, limit=limit)
+    if as_json:
+        _print_json({"trace_id": trace_id, "correlation_id": correlation_id, "events": events})
+        return
+    searched = " ".join(
+        f"{name}={value}"
+        for name, value in (("trace_id", trace_id), ("correlation_id", correlation_id))
+        if value
+    )
+    if not events:
+        raise click.ClickException(f"no events with {searched} in the outbox")
+    click.echo(f"{searched}: {len(events)} event(s)")
+    for event in events:
+        click.echo(
+            f"event {event['event_id']} {event['event_type']} v{event['event_version']} "
+            f"lane={event['lane']} status={event['status']} ({event['resolution']}) "
+            f"published {event['published_at']}"
+        )
+        request = _request_fields(event)
+        if request:
+            click.echo(f"  {request}")
+        for message in event["messages"]:
+            click.echo(
+                f"  message {message['message_id']} {message['route']} -> {message['status']} "
+                f"delivery={message['delivery_status']} "
+                f"provider_id={message['provider_message_id']}"
+            )
+
+
+def _request_fields(event: dict[str, Any]) -> str:
+    """``trace_id=... correlation_id=... producer=...``, those the event has."""
+    return " ".join(
+        f"{name}={event[name]}"
+        for name in ("trace_id", "correlation_id", "producer")
+        if event.get(name)
+    )
 
 
 @main.group()
@@ -286,6 +353,83 @@ def dlq_discard(
     engine, letters = _selection(ids, reason, lane, event, everything, url)
     count = discard_dead_letters(engine, [d.dead_letter_id for d in letters])
     click.echo(f"discarded {count} dead letter(s)")
+
+
+@main.command()
+@click.option("--email", help="The person's address.")
+@click.option("--aggregate-id", help="The person's aggregate id (the product's user id).")
+@click.option("--url", help="SQLAlchemy URL of the application database.")
+@click.option(
+    "--warehouse",
+    "warehouse_path",
+    help="The DuckDB warehouse to rebuild (default: EMAIL_PLATFORM_WAREHOUSE).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def erase(
+    email: str | None,
+    aggregate_id: str | None,
+    url: str | None,
+    warehouse_path: str | None,
+    as_json: bool,
+) -> None:
+    """Erase one person's personal data everywhere the platform keeps it (GDPR Art. 17).
+
+    Cancels their events not sent yet, anonymizes their rows (counts stay), blanks their raw
+    webhooks, keeps their suppression only as a keyed hash (so they stay unmailable), then
+    rebuilds the warehouse. Safe to run again: it then erases nothing more.
+    """
+    from email_platform.erasure import KEPT, rebuild_warehouse
+    from email_platform.erasure import erase as erase_person
+    from email_platform.errors import PublishError
+
+    if not email and not aggregate_id:
+        raise click.UsageError("say whom to erase: --email ADDRESS and/or --aggregate-id ID")
+    engine = _engine(url)
+    try:
+        report = erase_person(engine, email=email, aggregate_id=aggregate_id)
+    except PublishError as exc:  # the address check names what is wrong with it
+        raise click.BadParameter(exc.message, param_hint="--email") from None
+    path = warehouse_path or config.warehouse_path()
+    try:
+        rebuild_warehouse(engine, path, report)
+    except Exception as exc:  # the database is erased already; say what is left to do
+        raise click.ClickException(
+            f"the application database is erased, but rebuilding the warehouse {path} failed "
+            f"({type(exc).__name__}: {exc}); it still holds copies until it is rebuilt: run "
+            "this command again"
+        ) from None
+    if as_json:
+        _print_json(report.as_dict())
+        return
+    who = " and ".join(
+        part
+        for part in (email and f"address {email}", aggregate_id and f"aggregate {aggregate_id}")
+        if part
+    )
+    click.echo(f"erased {who}: {report.total} row(s), {report.addresses} address(es)")
+    for table, count in report.tables.items():
+        click.echo(f"  {table:<15} {count}")
+    click.echo(
+        f"cancelled {report.cancelled_events} event(s) and {report.cancelled_messages} "
+        "message(s) not sent yet (status 'cancelled')"
+    )
+    click.echo(
+        f"suppressions: {report.suppressions_hashed} replaced by their hash, "
+        f"{report.suppressions_added} hashed one(s) added"
+    )
+    if report.cancelled_in_flight:
+        click.echo(
+            f"{report.cancelled_in_flight} of those events were in flight in a worker, which "
+            "sends none of them; run this again in a minute to catch anything it was writing"
+        )
+    if report.warehouse == "rebuilt":
+        click.echo(f"warehouse {report.warehouse_path}: rebuilt from scratch, now")
+    else:
+        click.echo(f"warehouse {report.warehouse_path}: no file, nothing to rebuild")
+    click.echo(f"on disk: {report.storage}")
+    click.echo("kept:")
+    for line in KEPT:
+        click.echo(f"  - {line}")
 
 
 @main.group()

@@ -40,6 +40,23 @@ class UnknownPriorityError(PublishError):
     """The priority is not one of the lanes."""
 
 
+class RateLimitedError(PublishError):
+    """A route's rate limit is reached for this key: try again after ``retry_after_s``."""
+
+    def __init__(self, field: str, message: str, *, route: str, retry_after_s: float) -> None:
+        super().__init__(field, message)
+        self.route = route
+        self.retry_after_s = retry_after_s
+
+
+class EventRefusedError(PublishError):
+    """A route's authorization hook refused the event."""
+
+    def __init__(self, field: str, message: str, *, route: str) -> None:
+        super().__init__(field, message)
+        self.route = route
+
+
 class NotInTransactionError(EmailPlatformError):
     """``publish()`` must run inside the caller's transaction, never its own."""
 

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
-from email_platform import validation
+from email_platform import guards, tracing, validation
 from email_platform.errors import (
     InvalidPayloadError,
     NotInTransactionError,
@@ -49,16 +49,23 @@ def publish(
     priority: str | Lane | None = None,
     metadata: Mapping[str, Any] | None = None,
     routes: RouteTable | None = None,
+    trace_id: str | None = None,
+    correlation_id: str | None = None,
+    producer: str | None = None,
 ) -> str:
     """Write one event to the outbox in the caller's open transaction and return its id.
 
-    Raises a ``PublishError`` (a ``ValueError`` naming the field) for anything the caller can fix.
-    Never commits, never opens a transaction of its own, never touches the network: if the
-    caller's transaction rolls back, the event never existed.
+    Raises a ``PublishError`` (a ``ValueError`` naming the field) for anything the caller can fix,
+    among them ``RateLimitedError`` and ``EventRefusedError`` from the event's routes (see
+    ``guards``). Never commits, never opens a transaction of its own, never touches the network:
+    if the caller's transaction rolls back, the event never existed. An ``idempotency_key``
+    names one event: publishing it again writes nothing and returns the first event's id.
     """
+    routes = _routes(routes)
+    now = utcnow()
     row = _event_row(
-        _routes(routes),
-        utcnow(),
+        routes,
+        now,
         event_type=event_type,
         aggregate_id=aggregate_id,
         payload=payload,
@@ -69,8 +76,16 @@ def publish(
         idempotency_key=idempotency_key,
         priority=priority,
         metadata=metadata,
+        trace_id=trace_id,
+        correlation_id=correlation_id,
+        producer=producer,
     )
-    outbox.insert_event(_bound_connection(connection), row)
+    bound = _bound_connection(connection)
+    first = guards.published_before(bound, [row])
+    if row["idempotency_key"] in first:
+        return first[row["idempotency_key"]]
+    guards.check(bound, routes, [row], now, lambda _index, name: name)
+    outbox.insert_event(bound, row)
     return row["event_id"]
 
 
@@ -104,9 +119,28 @@ def publish_many(
             raise type(error)(f"events[{index}].{error.field}", error.message) from None
         except TypeError as error:  # a missing or unknown argument, as publish() would raise
             raise PublishError(f"events[{index}]", str(error)) from None
+    # One event per idempotency key: a key already published (or repeated in this batch)
+    # gives the first event's id and writes nothing.
+    first = guards.published_before(bound, rows)
+    fresh: list[dict[str, Any]] = []
+    positions: list[int] = []
+    event_ids: list[str] = []
+    for index, row in enumerate(rows):
+        key = row["idempotency_key"]
+        if key and key in first:
+            event_ids.append(first[key])
+            continue
+        if key:
+            first[key] = row["event_id"]
+        fresh.append(row)
+        positions.append(index)
+        event_ids.append(row["event_id"])
+    guards.check(
+        bound, routes, fresh, now, lambda index, name: f"events[{positions[index]}].{name}"
+    )
     # Every event is checked before any is written: one statement, all or nothing.
-    outbox.insert_events(bound, rows)
-    return [row["event_id"] for row in rows]
+    outbox.insert_events(bound, fresh)
+    return event_ids
 
 
 def _event_row(
@@ -123,8 +157,12 @@ def _event_row(
     idempotency_key: str | None = None,
     priority: str | Lane | None = None,
     metadata: Mapping[str, Any] | None = None,
+    trace_id: str | None = None,
+    correlation_id: str | None = None,
+    producer: str | None = None,
 ) -> dict[str, Any]:
     """The checked outbox row of one event; raises ``PublishError`` for what the caller must fix."""
+    started_ns = tracing.now_ns()
     event_type = validation.check_event_type(event_type)
     aggregate_id = validation.check_aggregate_id(aggregate_id)
     clean_payload = validation.check_payload(payload)
@@ -134,6 +172,9 @@ def _event_row(
     send_after = validation.check_aware("send_after", send_after)
     expires_at = validation.check_aware("expires_at", expires_at)
     idempotency_key = validation.check_idempotency_key(idempotency_key)
+    trace_id = validation.check_trace_id(trace_id)
+    correlation_id = validation.check_correlation_id(correlation_id)
+    producer = validation.check_producer(producer)
     if event_version is None:
         event_version = routes.current_version(event_type) or 1
     event_version = validation.check_event_version(event_version)
@@ -145,8 +186,22 @@ def _event_row(
     available_at = send_after or now
     if expires_at is not None and expires_at <= available_at:
         raise PublishError("expires_at", "must be later than send_after (or now)")
+    event_id = new_ulid()
+    lane = (lane_override or routes.lane_for(event_type) or Lane.TRANSACTIONAL).value
+    # The caller's span, if one is current: the email's spans continue its trace. A trace id
+    # the caller gave wins over the span's (it may name the request in another tracer).
+    trace_context, span_trace_id = tracing.publish_context(
+        started_ns,
+        {
+            "email.event_id": event_id,
+            "email.event_type": event_type,
+            "email.lane": lane,
+            "email.correlation_id": correlation_id,
+            "email.producer": producer,
+        },
+    )
     return {
-        "event_id": new_ulid(),
+        "event_id": event_id,
         "event_type": event_type,
         "event_version": event_version,
         "aggregate_id": aggregate_id,
@@ -154,11 +209,15 @@ def _event_row(
         "published_at": now,
         "payload": clean_payload,
         "event_metadata": clean_metadata,
-        "lane": (lane_override or routes.lane_for(event_type) or Lane.TRANSACTIONAL).value,
+        "lane": lane,
         "available_at": available_at,
         "expires_at": expires_at,
         "idempotency_key": idempotency_key,
         "status": outbox.PENDING,
+        "trace_id": trace_id or span_trace_id,
+        "correlation_id": correlation_id,
+        "producer": producer,
+        "trace_context": trace_context,
     }
 
 

@@ -14,6 +14,34 @@ Payload = dict[str, Any]
 
 
 @dataclass(frozen=True)
+class RateLimit:
+    """At most ``max_events`` events per ``aggregate_id`` (an account, say) in ``per_s``."""
+
+    max_events: int
+    per_s: int
+
+    def __post_init__(self) -> None:
+        if self.max_events < 1 or self.per_s < 1:
+            raise ValueError("a rate limit needs max_events >= 1 and per_s >= 1")
+
+
+@dataclass(frozen=True)
+class EventDraft:
+    """What an authorization hook is given: the event as the producer published it."""
+
+    event_type: str
+    event_version: int
+    aggregate_id: str
+    payload: Mapping[str, Any]
+    metadata: Mapping[str, Any]
+    producer: str | None
+
+
+#: Return None or True to let the event through; False or a reason (str) refuses it.
+Authorizer = Callable[[EventDraft], bool | str | None]
+
+
+@dataclass(frozen=True)
 class Route:
     """One mail an event causes."""
 
@@ -38,6 +66,10 @@ class Route:
     #: Transactional security mail may reach an address that unsubscribed from marketing;
     #: a hard-bounced or complained address is never mailed.
     bypass_unsubscribe: bool = False
+    #: Checked by ``publish()`` in the caller's transaction, against the outbox.
+    rate_limit: RateLimit | None = None
+    #: Called by ``publish()`` with the event; may refuse it (``EventRefusedError``).
+    authorize: Authorizer | None = None
 
     def dedupe_key_for(self, payload: Mapping[str, Any]) -> str | None:
         if self.dedupe_key is None:

@@ -42,6 +42,9 @@ IDEMPOTENCY_KEY_LENGTH = email_outbox.c.idempotency_key.type.length
 MESSAGE_KEY_LENGTH = email_messages.c.idempotency_key.type.length
 DEDUPE_KEY_LENGTH = email_messages.c.dedupe_key.type.length
 DOMAIN_LENGTH = email_messages.c.recipient_domain.type.length
+TRACE_ID_LENGTH = email_outbox.c.trace_id.type.length
+CORRELATION_ID_LENGTH = email_outbox.c.correlation_id.type.length
+PRODUCER_LENGTH = email_outbox.c.producer.type.length
 _ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _PLAIN_ADDRESS = re.compile(
@@ -52,6 +55,11 @@ _SPECIAL_USE = frozenset({"arpa", "invalid", "local", "localhost", "onion", "tes
 _EARLIEST = datetime(2, 1, 1, tzinfo=UTC)
 _LATEST = datetime(9998, 12, 31, tzinfo=UTC)
 _EVENT_TYPE = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+")
+_W3C_TRACE_ID = re.compile(r"[0-9a-fA-F]{32}")
+#: Other tracers' ids: B3 (16 hex), X-Ray (``1-5759e988-bd862e3f...``), Datadog (decimal).
+_OPAQUE_TRACE_ID = re.compile(r"[A-Za-z0-9._:-]+")
+#: Visible ASCII: it goes into provider metadata, tags and SMTP headers as it is.
+_VISIBLE_ASCII = re.compile(r"[\x21-\x7e]+")
 
 
 def check_text(field: str, value: Any, max_length: int | None, *, header: bool = False) -> str:
@@ -232,6 +240,48 @@ def check_idempotency_key(value: Any) -> str | None:
     if value is None:
         return None
     return check_text("idempotency_key", value, IDEMPOTENCY_KEY_LENGTH, header=True)
+
+
+def check_trace_id(value: Any) -> str | None:
+    """A W3C trace id (32 hex digits, stored lowercase as OpenTelemetry writes it), or another
+    tracer's opaque id: letters, digits and ``. _ : -``, at most 64 characters."""
+    if value is None:
+        return None
+    check_text("trace_id", value, TRACE_ID_LENGTH)
+    if _W3C_TRACE_ID.fullmatch(value):
+        if not value.strip("0"):
+            raise PublishError("trace_id", "is all zeros, which W3C Trace Context calls invalid")
+        return value.lower()
+    if not _OPAQUE_TRACE_ID.fullmatch(value):
+        raise PublishError(
+            "trace_id",
+            f"{_shown(value)} is neither a W3C trace id (32 hex digits) nor an id of letters, "
+            "digits and . _ : -",
+        )
+    return value
+
+
+def check_correlation_id(value: Any) -> str | None:
+    """An opaque id of the caller's request: visible ASCII (no spaces), at most 200."""
+    if value is None:
+        return None
+    check_text("correlation_id", value, CORRELATION_ID_LENGTH, header=True)
+    if not _VISIBLE_ASCII.fullmatch(value):
+        raise PublishError(
+            "correlation_id",
+            f"{_shown(value)} must be visible ASCII characters, without spaces",
+        )
+    return value
+
+
+def check_producer(value: Any) -> str | None:
+    """The publishing service's name: printable text on one line, at most 200 characters."""
+    if value is None:
+        return None
+    value = check_text("producer", value, PRODUCER_LENGTH, header=True)
+    if not value.isprintable():
+        raise PublishError("producer", f"{_shown(value)} must be printable text")
+    return value
 
 
 def check_message_key(field: str, base_key: str, route_name: str) -> None:

@@ -236,7 +236,8 @@ FUNNEL_COLUMNS = [
     "first_open_at", "first_click_at", "bounced_at", "bounce_type", "complained_at",
     "unsubscribed_at", "first_machine_open_at", "dead_lettered_at", "final_status",
     "delivery_status", "attempts", "open_count", "machine_open_count", "click_count",
-    "dead_letter_reason", "dead_letter_status", "publish_delay_s", "queue_delay_s",
+    "dead_letter_reason", "dead_letter_status", "trace_id", "correlation_id", "producer",
+    "publish_delay_s", "queue_delay_s",
     "send_duration_s", "event_to_accepted_s", "delivery_delay_s", "time_to_open_s",
     "time_to_click_s", "time_to_bounce_s",
 ]  # fmt: skip

@@ -28,7 +28,7 @@ examples like everything else.
 import json
 import re
 import string
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, date, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
@@ -40,7 +40,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Connection, Engine, func, select, text
 from sqlalchemy.orm import Session
 
-from email_platform import PublishError, publish, publish_many
+from email_platform import PublishError, publish, publish_many, validation
 from email_platform.db.schema import email_outbox
 from email_platform.errors import NotInTransactionError
 from email_platform.ids import is_ulid
@@ -297,6 +297,55 @@ def _json(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
+def first_with_key(connection: Connection, kwargs: Any) -> str | None:
+    """The event already published with ``kwargs``' idempotency key: publish() returns it."""
+    key = _valid_key(kwargs)
+    return None if key is None else outbox.first_events_with_keys(connection, [key]).get(key)
+
+
+def _valid_key(kwargs: Any) -> str | None:
+    """The idempotency key publish() would accept, if ``kwargs`` has one."""
+    key = kwargs.get("idempotency_key") if isinstance(kwargs, Mapping) else None
+    try:
+        return validation.check_idempotency_key(key) if key is not None else None
+    except PublishError:
+        return None
+
+
+def expected_ids(connection: Connection, events: Any) -> list[str | None]:
+    """Per event of a publish_many() call, the id it must get if its key was published
+    already (in the outbox or earlier in the batch: index of that event as ``"#i"``)."""
+    seen: dict[str, str] = {}
+    expected: list[str | None] = []
+    for index, kwargs in enumerate(events):
+        prior = first_with_key(connection, kwargs)
+        key = _valid_key(kwargs)
+        expected.append(prior or seen.get(key))
+        if key and prior is None and key not in seen:
+            seen[key] = f"#{index}"
+    return expected
+
+
+def assert_published_once_per_key(
+    connection: Connection,
+    events: Sequence[Mapping],
+    event_ids: list[str],
+    expected: list[str | None],
+    before: int,
+) -> None:
+    """Each event is stored as passed, or got the id of the first event with its key."""
+    assert len(event_ids) == len(events) == len(expected)
+    for event_id, kwargs, prior in zip(event_ids, events, expected, strict=True):
+        if prior is None:
+            assert_stored_as_passed(connection, event_id, kwargs)
+        elif prior.startswith("#"):
+            assert event_id == event_ids[int(prior[1:])]
+        else:
+            assert event_id == prior
+    new = [event_id for event_id, prior in zip(event_ids, expected, strict=True) if prior is None]
+    assert len(set(new)) == len(new) and _count(connection) == before + len(new)
+
+
 def assert_stored_as_passed(connection: Connection, event_id: str, kwargs: Mapping) -> None:
     """The row of an accepted event holds what the producer passed."""
     assert isinstance(event_id, str) and len(event_id) == 26 and is_ulid(event_id)
@@ -374,6 +423,7 @@ def test_publish_accepts_or_names_the_hostile_argument(engine: Engine, case: Any
     kwargs, hostile = case
     with engine.begin() as connection:
         before = _count(connection)
+        prior = first_with_key(connection, kwargs)
         try:
             event_id = publish(connection, **kwargs)
         except PublishError as error:
@@ -382,10 +432,14 @@ def test_publish_accepts_or_names_the_hostile_argument(engine: Engine, case: Any
             assert _count(connection) == before
             accepted: tuple[str, ...] = ()
         else:
-            event("accepted")
-            assert_stored_as_passed(connection, event_id, kwargs)
-            assert _count(connection) == before + 1
-            before += 1
+            if prior is not None:  # one event per idempotency key: the first one's id
+                event("accepted: key published before")
+                assert event_id == prior and _count(connection) == before
+            else:
+                event("accepted")
+                assert_stored_as_passed(connection, event_id, kwargs)
+                assert _count(connection) == before + 1
+                before += 1
             accepted = (event_id,)
         follow_up = assert_transaction_usable(connection, before)
     assert_committed(engine, *accepted, follow_up)
@@ -523,13 +577,16 @@ def test_routes_and_sessions(engine: Engine, case: Any, routes: str | None, sess
     table = {None: None, "empty": RouteTable(), "shipped": default_routes()}[routes]
     with Session(engine) as db:
         target: Connection | Session = db if session else db.connection()
+        prior = first_with_key(db.connection(), kwargs)
         try:
             event_id = publish(target, routes=table, **kwargs)
         except PublishError as error:
             assert_names_a_hostile_argument(error, hostile)
             accepted: tuple[str, ...] = ()
         else:
-            if table is None or table.routes:
+            if prior is not None:
+                assert event_id == prior
+            elif table is None or table.routes:
                 assert_stored_as_passed(db.connection(), event_id, kwargs)
             accepted = (event_id,)
         assert db.execute(text("SELECT 1")).scalar_one() == 1
@@ -594,6 +651,7 @@ def test_publish_many_with_one_bad_event_writes_all_or_nothing(
     events = [*good[:index], item, *good[index:]]
     with engine.begin() as connection:
         before = _count(connection)
+        expected = expected_ids(connection, events) if hostile is not None else []
         try:
             event_ids = publish_many(connection, events)
         except PublishError as error:
@@ -607,18 +665,30 @@ def test_publish_many_with_one_bad_event_writes_all_or_nothing(
             accepted: list[str] = []
         else:
             event("accepted")
-            assert len(event_ids) == len(events) and len(set(event_ids)) == len(events)
-            for event_id, kwargs in zip(event_ids, events, strict=True):
-                assert_stored_as_passed(connection, event_id, kwargs)
-            assert _count(connection) == before + len(events)
-            before += len(events)
+            assert_published_once_per_key(connection, events, event_ids, expected, before)
+            before += sum(1 for e in expected if e is None)
             accepted = event_ids
         follow_up = assert_transaction_usable(connection, before)
     assert_committed(engine, *accepted, follow_up)
 
 
+class _OneShot:
+    """An iterator over ``events`` that, like a generator, can be read once; the test keeps
+    the list to know what was published."""
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        self.events = events
+        self._items = iter(events)
+
+    def __iter__(self) -> "_OneShot":
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        return next(self._items)
+
+
 def _generated(events: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    yield from events
+    return _OneShot(events)
 
 
 @hostile_settings(max_examples=80)
@@ -638,6 +708,13 @@ def test_publish_many_with_anything_for_events(engine: Engine, events: Any) -> N
     events (a tuple, a generator) is accepted."""
     with engine.begin() as connection:
         before = _count(connection)
+        items = (
+            list(events.events if isinstance(events, _OneShot) else events)
+            if isinstance(events, _OneShot | list | tuple)
+            else []
+        )
+        mappings = all(isinstance(item, Mapping) for item in items)
+        expected = expected_ids(connection, items) if mappings else []
         try:
             event_ids = publish_many(connection, events)
         except PublishError as error:
@@ -647,8 +724,8 @@ def test_publish_many_with_anything_for_events(engine: Engine, events: Any) -> N
             accepted: list[str] = []
         else:
             event(f"accepted: {len(event_ids)} events")
-            assert _count(connection) == before + len(event_ids)
-            before += len(event_ids)
+            assert_published_once_per_key(connection, items, event_ids, expected, before)
+            before += sum(1 for e in expected if e is None)
             accepted = event_ids
         follow_up = assert_transaction_usable(connection, before)
     assert_committed(engine, *accepted, follow_up)

@@ -13,20 +13,30 @@ MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
 
 def make_engine(url: str, *, pool_size: int = 5) -> Engine:
-    """An engine that behaves the same way under concurrent processes on both backends."""
+    """An engine that behaves the same way under concurrent processes on both backends.
+
+    ``hide_parameters``: a statement's values (addresses, payloads) stay out of error texts,
+    which end up in log lines and Dagster's event log, where erasure cannot reach them.
+    """
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         # The pool hands a connection to one thread at a time; sqlite3's own same-thread check
         # only misfires when a pooled connection is reset from another thread.
-        engine = create_engine(url, connect_args={"timeout": 60, "check_same_thread": False})
+        engine = create_engine(
+            url,
+            connect_args={"timeout": 60, "check_same_thread": False},
+            hide_parameters=True,
+        )
         _configure_sqlite(engine)
         return engine
     if parsed.drivername == "postgresql":
         # SQLAlchemy 2.1 maps bare postgresql:// to psycopg 3, which we install; say so.
         parsed = parsed.set(drivername="postgresql+psycopg")
-    return create_engine(parsed, pool_pre_ping=True, pool_size=pool_size, max_overflow=5)
+    return create_engine(
+        parsed, pool_pre_ping=True, pool_size=pool_size, max_overflow=5, hide_parameters=True
+    )
 
 
 def _configure_sqlite(engine: Engine) -> None:

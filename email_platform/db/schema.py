@@ -47,6 +47,18 @@ email_outbox = Table(
     Column("requested_at", DateTime(timezone=True)),
     Column("request_count", Integer, nullable=False, server_default="0"),
     Column("done_at", DateTime(timezone=True)),
+    # Tracing (migration 0008): who published it, in which request; the caller's W3C trace
+    # context ({"traceparent": ..., "tracestate": ...}) when OpenTelemetry is on.
+    Column("trace_id", String(64)),
+    Column("correlation_id", String(200)),
+    Column("producer", String(200)),
+    Column("trace_context", JSON(none_as_null=True)),  # None is SQL NULL, not JSON null
+)
+Index("ix_email_outbox_trace_id", email_outbox.c.trace_id)
+Index("ix_email_outbox_correlation_id", email_outbox.c.correlation_id)
+Index("ix_email_outbox_idempotency_key", email_outbox.c.idempotency_key)
+Index(
+    "ix_email_outbox_aggregate_published", email_outbox.c.aggregate_id, email_outbox.c.published_at
 )
 Index(
     "ix_email_outbox_lane_status_available",
@@ -152,6 +164,16 @@ suppressions = Table(
     Column("reason", String(40), nullable=False),
     Column("source", String(100), nullable=False),
     Column("event_id", String(26)),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+# Keys the platform keeps itself (migration 0008 creates "suppression", random): suppressions
+# of an erased person survive as an HMAC of the address under it.
+privacy_keys = Table(
+    "privacy_keys",
+    metadata,
+    Column("name", String(40), primary_key=True),
+    Column("key_hex", String(128), nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
 )
 

@@ -80,7 +80,7 @@ def publish_demo_events(
                         event_version=1,
                         aggregate_id=user_id,
                         payload={"user_id": user_id, "email": email, "name": f"User {i}"},
-                        metadata={"producer": "accounts-service"},
+                        producer="accounts-service",
                     )
                 )
             else:
@@ -90,7 +90,7 @@ def publish_demo_events(
                         event_type="user.signed_up",
                         aggregate_id=user_id,
                         payload={"user_id": user_id, "email": email, "first_name": f"User{i}"},
-                        metadata={"producer": "accounts-service"},
+                        producer="accounts-service",
                     )
                 )
     with engine.begin() as connection:

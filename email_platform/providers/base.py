@@ -27,6 +27,20 @@ class OutgoingEmail:
     template: str
     lane: str
     headers: dict[str, str] = field(default_factory=dict)
+    #: The publisher's request, for the provider's metadata (validated at publish: visible
+    #: ASCII, no line breaks).
+    trace_id: str | None = None
+    correlation_id: str | None = None
+
+
+def trace_metadata(email: OutgoingEmail) -> dict[str, str]:
+    """``trace_id`` and ``correlation_id``, those that are set: the metadata adapters add next
+    to ``event_id`` so the provider's records and webhooks name the publisher's request."""
+    return {
+        name: value
+        for name, value in (("trace_id", email.trace_id), ("correlation_id", email.correlation_id))
+        if value
+    }
 
 
 @dataclass(frozen=True)
@@ -103,6 +117,11 @@ def header_problem(email: OutgoingEmail) -> PermanentError | None:
                 code="ambiguous_address",
             )
     fields += [("event_id", email.event_id), ("idempotency_key", email.idempotency_key)]
+    fields += [
+        (name, value)
+        for name, value in (("trace_id", email.trace_id), ("correlation_id", email.correlation_id))
+        if value is not None
+    ]
     fields += [(f"header {name!r}", name) for name in email.headers]
     fields += [(f"header {name!r}", value) for name, value in email.headers.items()]
     for field_name, value in fields:

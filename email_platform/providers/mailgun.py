@@ -10,7 +10,8 @@ also takes ``multipart/form-data``)::
     v:event_id=01J…   v:idempotency_key=01J…:welcome
 
 * ``v:`` user variables are Mailgun's metadata field: every webhook event carries them back
-  under ``user-variables``, which is how ``event_id`` and ``idempotency_key`` return.
+  under ``user-variables``, which is how ``event_id`` and ``idempotency_key`` return (and
+  ``v:trace_id`` / ``v:correlation_id``, the publisher's request, when set).
 * ``o:tag`` tags the message with its template; ``h:`` adds a MIME header.
 * The domain is required (``EMAIL_PLATFORM_MAILGUN_DOMAIN``). Domains in Mailgun's EU region
   are served by ``https://api.eu.mailgun.net``: set ``EMAIL_PLATFORM_MAILGUN_BASE_URL`` to it,
@@ -38,7 +39,7 @@ import httpx
 from email_platform.classify import classify_response, reason_code
 from email_platform.config import ProviderSettings
 from email_platform.errors import ConfigurationError, DeliveryError
-from email_platform.providers.base import Accepted, OutgoingEmail
+from email_platform.providers.base import Accepted, OutgoingEmail, trace_metadata
 from email_platform.providers.http import HttpProvider, ProviderRequest
 
 DEFAULT_BASE_URL = "https://api.mailgun.net"
@@ -110,6 +111,8 @@ class MailgunProvider(HttpProvider):
             fields[f"h:{name}"] = str(value)
         fields["v:event_id"] = email.event_id
         fields["v:idempotency_key"] = email.idempotency_key
+        for name, value in trace_metadata(email).items():
+            fields[f"v:{name}"] = value
         return ProviderRequest("POST", self.path, data=fields)
 
     def accepted(self, response: httpx.Response) -> Accepted:

@@ -6,8 +6,9 @@ https://postmarkapp.com/developer/api/overview. The request is JSON with the hea
 ``X-Postmark-Server-Token: <server token>``; the body carries ``From``, ``To``, ``Subject``,
 ``TextBody``, ``HtmlBody``, ``Headers`` (a list of ``{"Name", "Value"}``), ``Tag`` (the
 template), ``Metadata`` (``event_id`` and ``idempotency_key``, read back by the webhook
-normalizer) and ``MessageStream`` (option ``message_stream``, default ``"outbound"``; the
-bulk lane uses option ``bulk_message_stream`` when it is set, e.g. a broadcast stream).
+normalizer, and the publisher's ``trace_id`` and ``correlation_id`` when set) and
+``MessageStream`` (option ``message_stream``, default ``"outbound"``; the bulk lane uses option
+``bulk_message_stream`` when it is set, e.g. a broadcast stream).
 
 A 200 answer is ``{"To", "SubmittedAt", "MessageID", "ErrorCode": 0, "Message": "OK"}``.
 Errors are ``{"ErrorCode": n, "Message": "..."}``: 401 (ErrorCode 10, bad or missing token),
@@ -30,11 +31,12 @@ import httpx
 from email_platform.classify import classify_response, parse_retry_after
 from email_platform.config import ProviderSettings
 from email_platform.errors import ConfigurationError, DeliveryError, TransientError
-from email_platform.providers.base import Accepted, OutgoingEmail
+from email_platform.providers.base import Accepted, OutgoingEmail, trace_metadata
 from email_platform.providers.http import HttpProvider, ProviderRequest
 
 DEFAULT_BASE_URL = "https://api.postmarkapp.com"
 DEFAULT_MESSAGE_STREAM = "outbound"
+METADATA_VALUE_MAX = 80
 
 #: Postmark ErrorCodes worth retrying whatever the HTTP status: 100 maintenance, 429 rate limit.
 TRANSIENT_ERROR_CODES = frozenset({100, 429})
@@ -102,6 +104,9 @@ class PostmarkProvider(HttpProvider):
         body["Metadata"] = {
             "event_id": email.event_id,
             "idempotency_key": email.idempotency_key,
+            # Postmark's metadata FAQ caps a value at 80 characters: a longer correlation id
+            # is left out rather than have the message refused.
+            **{k: v for k, v in trace_metadata(email).items() if len(v) <= METADATA_VALUE_MAX},
         }
         body["MessageStream"] = self.stream_for(email)
         # No idempotency header: Postmark does not offer one (see the module docstring).

@@ -50,7 +50,7 @@ from email_platform.errors import (
     ProviderRejectedError,
     TransientError,
 )
-from email_platform.providers.base import Accepted, OutgoingEmail
+from email_platform.providers.base import Accepted, OutgoingEmail, trace_metadata
 from email_platform.providers.http import HttpProvider, ProviderRequest
 from email_platform.tags import tag_value
 
@@ -111,6 +111,8 @@ class ResendProvider(HttpProvider):
             {"name": "idempotency_key", "value": tag_value(email.idempotency_key)},
             {"name": "template", "value": tag_value(email.template)},
             {"name": "lane", "value": tag_value(email.lane)},
+            # Tags allow only [A-Za-z0-9_-]: other characters of an opaque id become "_".
+            *({"name": k, "value": tag_value(v)} for k, v in trace_metadata(email).items()),
         ]
         return ProviderRequest(
             "POST",

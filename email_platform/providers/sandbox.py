@@ -12,7 +12,7 @@ import httpx
 from email_platform.classify import classify_response
 from email_platform.config import ProviderSettings
 from email_platform.errors import ConfigurationError, DeliveryError
-from email_platform.providers.base import Accepted, OutgoingEmail
+from email_platform.providers.base import Accepted, OutgoingEmail, trace_metadata
 from email_platform.providers.http import HttpProvider, ProviderRequest
 
 #: The sandbox server's own limit on one batch call.
@@ -69,6 +69,7 @@ class SandboxProvider(HttpProvider):
                 "event_id": email.event_id,
                 "idempotency_key": email.idempotency_key,
                 "template": email.template,
+                **trace_metadata(email),
             },
             "tags": [email.template, email.lane],
         }

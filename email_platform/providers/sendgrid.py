@@ -14,7 +14,8 @@ JSON body::
      "custom_args": {"event_id": "01J…", "idempotency_key": "01J…:welcome"}}
 
 * ``custom_args`` is SendGrid's metadata field: the Event Webhook echoes every custom arg on
-  each event, which is how ``event_id`` and ``idempotency_key`` come back. Values must be
+  each event, which is how ``event_id`` and ``idempotency_key`` come back (and the
+  publisher's ``trace_id`` and ``correlation_id``, when set). Values must be
   strings and all custom args together may not exceed 10,000 bytes; a message over the limit
   fails here, permanently, instead of being sent without its metadata.
 * ``text/plain`` content must come before ``text/html``.
@@ -48,7 +49,7 @@ import httpx
 from email_platform.classify import classify_response, reason_code
 from email_platform.config import ProviderSettings
 from email_platform.errors import ConfigurationError, DeliveryError, PermanentError, TransientError
-from email_platform.providers.base import Accepted, OutgoingEmail
+from email_platform.providers.base import Accepted, OutgoingEmail, trace_metadata
 from email_platform.providers.http import HttpProvider, ProviderRequest
 
 DEFAULT_BASE_URL = "https://api.sendgrid.com"
@@ -110,7 +111,11 @@ class SendGridProvider(HttpProvider):
         )
 
     def build_request(self, email: OutgoingEmail) -> ProviderRequest:
-        custom_args = {"event_id": email.event_id, "idempotency_key": email.idempotency_key}
+        custom_args = {
+            "event_id": email.event_id,
+            "idempotency_key": email.idempotency_key,
+            **trace_metadata(email),
+        }
         size = len(json.dumps(custom_args, ensure_ascii=False).encode())
         if size > CUSTOM_ARGS_MAX_BYTES:
             raise PermanentError(

@@ -18,7 +18,8 @@ header (``TooManyRequestsException:http://...``) or in the body (``code`` / ``__
 answers some throttling with 400 (``LimitExceededException`` and the common
 ``ThrottlingException``), which a status-only rule would dead-letter.
 
-Metadata: ``event_id``, ``idempotency_key``, ``template`` and ``lane`` go out as message tags
+Metadata: ``event_id``, ``idempotency_key``, ``template``, ``lane`` (and the publisher's
+``trace_id`` and ``correlation_id``, when set) go out as message tags
 (``EmailTags``), which SES copies into every event it publishes through a configuration set.
 SES allows only ASCII letters, digits, ``_`` and ``-`` in a tag value (at most 256 characters),
 so every other character becomes ``_`` (``01J...:welcome`` -> ``01J..._welcome``); see
@@ -57,7 +58,7 @@ from email_platform.errors import (
     ProviderRejectedError,
     TransientError,
 )
-from email_platform.providers.base import Accepted, OutgoingEmail, header_problem
+from email_platform.providers.base import Accepted, OutgoingEmail, header_problem, trace_metadata
 from email_platform.providers.http import HttpProvider, ProviderRequest
 from email_platform.tags import tag_value
 
@@ -271,6 +272,8 @@ class SesProvider(HttpProvider):
                 {"Name": "idempotency_key", "Value": tag_value(email.idempotency_key)},
                 {"Name": "template", "Value": tag_value(email.template)},
                 {"Name": "lane", "Value": tag_value(email.lane)},
+                # Tags allow only [A-Za-z0-9_-]: other characters of an opaque id become "_".
+                *({"Name": k, "Value": tag_value(v)} for k, v in trace_metadata(email).items()),
             ],
         }
         if self.configuration_set:

@@ -16,7 +16,8 @@ connection is opened (``PermanentError``, code ``header_injection``); the standa
 refuse it too. The envelope is given explicitly, so no header can add a recipient.
 
 Metadata and idempotency: SMTP has no metadata field and no idempotency guarantee. The event id
-and idempotency key travel as the ``X-Email-*`` headers, and the ``Message-ID`` is derived from
+and idempotency key (and the publisher's trace and correlation ids, when set) travel as the
+``X-Email-*`` headers, and the ``Message-ID`` is derived from
 the idempotency key (``<{encoded key}@{sender domain}>``), so every retry of a message carries
 the same Message-ID and a receiving system that deduplicates on it can drop a repeat; nothing
 obliges it to. The key is encoded losslessly (characters other than ``A-Z a-z 0-9 _ -`` become
@@ -194,6 +195,11 @@ class SmtpProvider:
         )
         message["X-Email-Event-Id"] = email.event_id
         message["X-Email-Idempotency-Key"] = email.idempotency_key
+        # No metadata field in SMTP: the publisher's request travels as headers too.
+        if email.trace_id:
+            message["X-Email-Trace-Id"] = email.trace_id
+        if email.correlation_id:
+            message["X-Email-Correlation-Id"] = email.correlation_id
         for name, value in email.headers.items():
             if not _FIELD_NAME.fullmatch(name):
                 raise PermanentError(f"invalid header name {name!r}", code="invalid_header")

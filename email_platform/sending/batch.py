@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy import Engine, Row
 
+from email_platform import tracing
 from email_platform.db.errors import refused_by_database
 from email_platform.errors import UnstorableEventError
 from email_platform.lanes import LaneConfig
@@ -113,6 +114,7 @@ class BatchSender:
         """
         outcome = BatchOutcome(requested=len(event_ids))
         now = utcnow()
+        started_ns = tracing.now_ns()
         with self.engine.begin() as connection:
             claimed = outbox.claim(
                 connection,
@@ -130,7 +132,21 @@ class BatchSender:
         outcome.claimed = [event.event_id for event in claimed]
         if not claimed:
             return ClaimedBatch(outcome, claimed, [])
-        work = self._prepare_narrowing(list(claimed), run_id, outcome, replay)
+        # One span per batch, not per event: it links to the traces of the events it took
+        # (each message's render and send spans continue its own event's trace).
+        with tracing.start_span(
+            "email_platform.claim",
+            links=(event.trace_context for event in claimed),
+            start_time_ns=started_ns,
+            attributes={
+                "email.lane": self.lane.lane.value,
+                "email.run_id": run_id,
+                "email.requested": len(event_ids),
+                "email.claimed": len(claimed),
+                "email.replay": replay,
+            },
+        ):
+            work = self._prepare_narrowing(list(claimed), run_id, outcome, replay)
         return ClaimedBatch(outcome, claimed, work)
 
     def _prepare_narrowing(

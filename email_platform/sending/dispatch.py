@@ -10,9 +10,10 @@ from collections.abc import Callable, Sequence
 from concurrent import futures
 from queue import Empty, SimpleQueue
 
+from email_platform import tracing
 from email_platform.classify import classify_exception, is_transient
 from email_platform.errors import ConfigurationError, TransientError
-from email_platform.providers.base import BatchingProvider, EmailProvider, OutgoingEmail
+from email_platform.providers.base import Accepted, BatchingProvider, EmailProvider, OutgoingEmail
 from email_platform.sending.types import Result, Sent, Work
 from email_platform.timeutil import utcnow
 
@@ -112,8 +113,12 @@ class Dispatcher:
             todo.put(item)
         for _ in range(workers):
             todo.put(None)
+        # Looked up once per batch: with tracing off, the send threads skip span work entirely.
+        traced = tracing.active()
         senders = [
-            self._send_threads().submit(self._send_worker, provider, todo, done, stop, per_call)
+            self._send_threads().submit(
+                self._send_worker, provider, todo, done, stop, per_call, traced
+            )
             for _ in range(workers)
         ]
         configuration_error: ConfigurationError | None = None
@@ -156,6 +161,7 @@ class Dispatcher:
         done: SimpleQueue[Sent | None],
         stop: threading.Event,
         per_call: int,
+        traced: bool = False,
     ) -> None:
         try:
             last = False
@@ -164,16 +170,75 @@ class Dispatcher:
                 if not items:
                     continue
                 started = utcnow()
-                if per_call == 1:
-                    results = [attempt(provider, items[0].email)]
+                if traced:
+                    results = _traced_call(provider, items, per_call)
                 else:
-                    results = attempt_many(provider, [item.email for item in items])
+                    results = _call(provider, items, per_call)
                 for item, result in zip(items, results, strict=True):
                     if isinstance(result, ConfigurationError):
                         stop.set()  # every further send would fail the same way
                     done.put(Sent(item, started, result))
         finally:
             done.put(None)  # this worker is finished
+
+
+def _call(provider: EmailProvider, items: list[Work], per_call: int) -> Sequence[Result]:
+    if per_call == 1:
+        return [attempt(provider, items[0].email)]
+    return attempt_many(provider, [item.email for item in items])
+
+
+def _traced_call(provider: EmailProvider, items: list[Work], per_call: int) -> Sequence[Result]:
+    """``_call`` inside one ``email_platform.send`` span per message (kind CLIENT), each
+    continuing its own event's trace: one batch call carries messages of many traces."""
+    spans = [
+        tracing.open_span(
+            "email_platform.send",
+            context_carrier=item.trace_parent,
+            kind="client",
+            attributes={
+                "email.event_id": item.email.event_id,
+                "email.message_id": item.email.message_id,
+                "email.provider": provider.name,
+                "email.template": item.email.template,
+                "email.lane": item.email.lane,
+                "email.batch_size": len(items),
+            },
+        )
+        for item in items
+    ]
+    # A single send's span is current during the call, so an instrumented HTTP client's spans
+    # nest under it; a batch call's belongs to no one message.
+    try:
+        with tracing.use(spans[0] if len(spans) == 1 else None):
+            results = _call(provider, items, per_call)
+    except BaseException as exc:  # interrupted: the spans end, the error goes on
+        for span in spans:
+            tracing.end_span(span, error=type(exc).__name__)
+        raise
+    for span, result in zip(spans, results, strict=True):
+        if isinstance(result, Accepted):
+            tracing.end_span(
+                span,
+                attributes={
+                    "email.outcome": "accepted",
+                    "email.provider_message_id": result.provider_message_id,
+                    "http.response.status_code": result.status_code,
+                },
+            )
+        else:
+            outcome = "transient" if is_transient(result) else "permanent"
+            # The class and code only: a provider's error text can quote the address.
+            code = getattr(result, "code", None)
+            tracing.end_span(
+                span,
+                error=f"{type(result).__name__}" + (f" ({code})" if code else ""),
+                attributes={
+                    "email.outcome": outcome,
+                    "http.response.status_code": getattr(result, "status_code", None),
+                },
+            )
+    return results
 
 
 def _batch_max(provider: EmailProvider) -> int:

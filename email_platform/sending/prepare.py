@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import Engine, Row
 
+from email_platform import tracing
 from email_platform.db.schema import email_messages
 from email_platform.errors import (
     InvalidRecipientError,
@@ -32,7 +33,12 @@ from email_platform.text import text_problem
 from email_platform.timeutil import as_utc, utcnow
 from email_platform.validation import check_address
 
-_HARD_SUPPRESSIONS = {suppressions.HARD_BOUNCE, suppressions.COMPLAINT, suppressions.MANUAL}
+_HARD_SUPPRESSIONS = {
+    suppressions.HARD_BOUNCE,
+    suppressions.COMPLAINT,
+    suppressions.MANUAL,
+    suppressions.ERASED,  # an erased person is never mailed again, security mail included
+}
 #: Message columns filled from what a producer sent (the rest come from routes and code).
 _CHECKED_COLUMNS = ("idempotency_key", "dedupe_key", "recipient", "recipient_domain")
 
@@ -66,6 +72,8 @@ class Preparer:
     ) -> list[Work]:
         lookups = self._look_up_recipients(claimed)
         now = utcnow()
+        # Asked once per batch: with tracing off, no span work per message.
+        traced = tracing.active()
         work: list[Work] = []
         with self.engine.begin() as connection:
             existing: dict[tuple[str, str], Row] = {
@@ -176,7 +184,12 @@ class Preparer:
                 reason = reasons.get(suppressions.normalize(message.recipient))
                 if reason and message.message_id in accepted_already:
                     self.recorder.accepted_per_provider(
-                        connection, message, accepted_already[message.message_id], run_id, now
+                        connection,
+                        message,
+                        accepted_already[message.message_id],
+                        run_id,
+                        now,
+                        trace=event,
                     )
                     outcome.sent += 1
                     continue
@@ -193,9 +206,26 @@ class Preparer:
                     outcome.suppressed += 1
                     continue
                 try:
-                    rendered = self.renderer.render(
-                        route.template, message.template_version, payload
-                    )
+                    # Parented on the event's stored context: one trace from the publisher's
+                    # request to the provider's webhooks.
+                    with (
+                        tracing.start_span(
+                            "email_platform.render",
+                            context_carrier=event.trace_context,
+                            attributes={
+                                "email.event_id": event.event_id,
+                                "email.message_id": message.message_id,
+                                "email.route": route.name,
+                                "email.template": route.template,
+                                "email.template_version": message.template_version,
+                            },
+                        )
+                        if traced
+                        else tracing.NO_SPAN
+                    ) as render_span:
+                        rendered = self.renderer.render(
+                            route.template, message.template_version, payload
+                        )
                 except Exception as exc:  # a template error, or whatever a filter raised
                     error = (
                         exc
@@ -205,7 +235,7 @@ class Preparer:
                         )
                     )
                     self.recorder.dead_letter_for(
-                        connection, message, error, run_id=run_id, now=now
+                        connection, message, error, run_id=run_id, now=now, trace=event
                     )
                     outcome.dead += 1
                     continue
@@ -224,7 +254,12 @@ class Preparer:
                             template=route.template,
                             lane=self.lane.lane.value,
                             headers={"X-Email-Event-Id": event.event_id},
+                            trace_id=event.trace_id,
+                            correlation_id=event.correlation_id,
                         ),
+                        # An event published outside any trace: its send span continues the
+                        # render's trace, so the message's spans still form one trace.
+                        event.trace_context or tracing.carrier_of(render_span),
                     )
                 )
         return work
@@ -267,9 +302,11 @@ class Preparer:
         planned = [self._message_values(e, r, p, now, lookups) for e, r, p in items]
         rows = messages.create_many(connection, [values for values, _ in planned])
         result: list[Row] = []
-        for message, (_, failure) in zip(rows, planned, strict=True):
+        for (event, _, _), message, (_, failure) in zip(items, rows, planned, strict=True):
             if failure is not None and message.status == messages.PENDING:
-                self.recorder.dead_letter_for(connection, message, failure, run_id=run_id, now=now)
+                self.recorder.dead_letter_for(
+                    connection, message, failure, run_id=run_id, now=now, trace=event
+                )
                 message = messages.get(connection, message.message_id)
             result.append(message)
         return result
@@ -349,7 +386,9 @@ class Preparer:
                 continue
             values, failure = self._message_values(event, route, payload, now, lookups)
             if failure is not None:
-                self.recorder.dead_letter_for(connection, message, failure, run_id=run_id, now=now)
+                self.recorder.dead_letter_for(
+                    connection, message, failure, run_id=run_id, now=now, trace=event
+                )
                 outcome.dead += 1
                 continue
             if message.recipient is None:

@@ -13,12 +13,14 @@ from typing import Any
 
 from sqlalchemy import Engine, Row
 
+from email_platform import tracing
 from email_platform.classify import is_transient
 from email_platform.db.errors import refused_by_database
 from email_platform.db.schema import email_messages
 from email_platform.errors import ConfigurationError, DeliveryError, PermanentError, TransientError
 from email_platform.lanes import LaneConfig
 from email_platform.providers.base import Accepted
+from email_platform.redaction import loggable
 from email_platform.sending.refusals import first_line, restore_outcome
 from email_platform.sending.types import BatchOutcome, Sent, Work
 from email_platform.store import attempts, dead_letters, messages, outbox
@@ -103,6 +105,7 @@ class Recorder:
                 code="database_refused",
                 run_id=run_id,
                 now=utcnow(),
+                trace=sent.item.email,
             )
         outcome.dead += 1
 
@@ -188,6 +191,8 @@ class Recorder:
         provider_message_id: str | None,
         run_id: str,
         now: datetime,
+        *,
+        trace: Any = None,
     ) -> None:
         """A message whose answer was lost (a timeout, a dropped connection, a killed sender)
         but whose webhooks show the provider accepted it: recorded as sent, not sent again."""
@@ -219,7 +224,8 @@ class Recorder:
             connection, [message.message_id], status=dead_letters.REPLAYED, run_id=run_id, now=now
         )
         self.log.warning(
-            f"event_id={message.event_id} message={message.message_id} recorded as sent: "
+            f"event_id={message.event_id}{tracing.log_fields(trace)} "
+            f"message={message.message_id} recorded as sent: "
             "its answer was lost, the provider's webhooks show it accepted"
         )
 
@@ -273,8 +279,9 @@ class Recorder:
             if isinstance(result, TransientError) and result.retry_after_s is not None:
                 outcome.retry_after_s = max(outcome.retry_after_s or 0.0, result.retry_after_s)
             self.log.warning(
-                f"event_id={message.event_id} message={message.message_id} "
-                f"transient failure, will retry: {result}"
+                f"event_id={message.event_id}{tracing.log_fields(item.email)} "
+                f"message={message.message_id} transient failure, will retry: "
+                f"{loggable(str(result), message.recipient)}"
             )
             return
         refreshed = messages.get(connection, message.message_id)
@@ -286,6 +293,7 @@ class Recorder:
             code=storable_text(result.code, 100),
             run_id=run_id,
             now=now,
+            trace=item.email,
         )
         outcome.dead += 1
 
@@ -308,11 +316,25 @@ class Recorder:
         )
 
     def dead_letter_for(
-        self, connection: Any, message: Row, error: DeliveryError, *, run_id: str, now: datetime
+        self,
+        connection: Any,
+        message: Row,
+        error: DeliveryError,
+        *,
+        run_id: str,
+        now: datetime,
+        trace: Any = None,
     ) -> None:
         """``dead_letter`` with the reason, text and code of a classified error."""
         self.dead_letter(
-            connection, message, error.reason, str(error), code=error.code, run_id=run_id, now=now
+            connection,
+            message,
+            error.reason,
+            str(error),
+            code=error.code,
+            run_id=run_id,
+            now=now,
+            trace=trace,
         )
 
     def dead_letter(
@@ -325,7 +347,10 @@ class Recorder:
         code: str | None,
         run_id: str,
         now: datetime,
+        trace: Any = None,
     ) -> None:
+        """Dead-letter ``message``; ``trace`` (its outbox row, or its ``OutgoingEmail``) puts the
+        event's trace and correlation ids on the log line."""
         messages.set_status(connection, message.message_id, messages.DEAD, now, last_error=error)
         # A replay that failed again: its letter replaces the one it replayed (one open letter
         # per message, so a listing or a second replay counts it once).
@@ -347,8 +372,9 @@ class Recorder:
             },
         )
         self.log.error(
-            f"event_id={message.event_id} message={message.message_id} "
-            f"dead-lettered ({reason}): {error}"
+            f"event_id={message.event_id}{tracing.log_fields(trace)} "
+            f"message={message.message_id} dead-lettered ({reason}): "
+            f"{loggable(error, message.recipient)}"
         )
 
     def dead_letter_event(
@@ -371,7 +397,10 @@ class Recorder:
         outbox.finish(
             connection, [event.event_id], status=outbox.DEAD, resolution=error.reason, now=now
         )
-        self.log.error(f"event_id={event.event_id} dead-lettered ({error.reason}): {error}")
+        self.log.error(
+            f"event_id={event.event_id}{tracing.log_fields(event)} "
+            f"dead-lettered ({error.reason}): {loggable(str(error))}"
+        )
 
     def crash_loop(
         self,
@@ -396,6 +425,7 @@ class Recorder:
                 code="claim_limit",
                 run_id=run_id,
                 now=now,
+                trace=event,
             )
         if not pending:
             self.dead_letter_event(
@@ -412,10 +442,11 @@ class Recorder:
         count = 0
         event_ids: set[str] = set()
         with self.engine.begin() as connection:
-            for message_id in message_ids:
-                message = messages.get(connection, message_id)
-                if message is None or message.status != messages.PENDING:
-                    continue
+            pending = [messages.get(connection, message_id) for message_id in message_ids]
+            pending = [m for m in pending if m is not None and m.status == messages.PENDING]
+            # For the log lines: the events' trace and correlation ids (one query).
+            traces = outbox.trace_fields(connection, [m.event_id for m in pending])
+            for message in pending:
                 self.dead_letter(
                     connection,
                     message,
@@ -424,6 +455,7 @@ class Recorder:
                     code="retries_exhausted",
                     run_id=run_id,
                     now=now,
+                    trace=traces.get(message.event_id),
                 )
                 event_ids.add(message.event_id)
                 count += 1

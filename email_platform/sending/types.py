@@ -83,6 +83,9 @@ class Work:
 
     message: Row
     email: OutgoingEmail
+    #: The W3C context the provider call's span continues (the event's, else the render's);
+    #: None when tracing is off.
+    trace_parent: dict[str, str] | None = None
 
 
 #: What one provider call answered for one message.

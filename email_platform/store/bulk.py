@@ -16,10 +16,13 @@ from sqlalchemy import (
     String,
     Table,
     TableValuedAlias,
+    Text,
     any_,
     bindparam,
+    cast,
     func,
     insert,
+    or_,
     select,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -81,3 +84,28 @@ def rows_for_events(connection: Connection, table: Table, event_ids: Sequence[st
             ).all()
         )
     return rows
+
+
+def rows_in(connection: Connection, table: Table, column: str, values: Sequence[Any]) -> list[Any]:
+    """Every row of ``table`` whose ``column`` is one of ``values`` (500 to a statement)."""
+    rows: list[Any] = []
+    ordered = sorted(set(values))
+    for start in range(0, len(ordered), 500):
+        chunk = ordered[start : start + 500]
+        rows.extend(
+            connection.execute(select(table).where(one_of(connection, table.c[column], chunk)))
+        )
+    return rows
+
+
+def text_holds_any(column: Any, terms: Sequence[str]) -> ColumnElement[bool]:
+    """``column``'s text (JSON as written) holds one of ``terms``, in any case.
+
+    A scan, not an index lookup: erasure's coarse first filter, which the caller confirms.
+    """
+    text = func.lower(cast(column, Text))
+    return or_(*(text.like(f"%{_like_escaped(term.lower())}%", escape="\\") for term in terms))
+
+
+def _like_escaped(term: str) -> str:
+    return term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")

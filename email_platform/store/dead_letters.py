@@ -7,6 +7,7 @@ from typing import Any
 from sqlalchemy import Connection, Row, func, insert, select, update
 
 from email_platform.db.schema import dead_letters
+from email_platform.store.bulk import rows_in
 
 OPEN, REPLAYED, DISCARDED, EXPIRED, SUPPRESSED = (
     "open",
@@ -134,3 +135,23 @@ def open_by_reason(connection: Connection) -> dict[str, int]:
 
 def for_event(connection: Connection, event_id: str) -> list[Row]:
     return list_letters(connection, status=None, event_id=event_id)
+
+
+def for_erasure(
+    connection: Connection, message_ids: Sequence[int], event_ids: Sequence[str]
+) -> list[Row]:
+    """The dead letters of these messages, and of these events."""
+    rows = {
+        row.dead_letter_id: row
+        for row in [
+            *rows_in(connection, dead_letters, "message_id", message_ids),
+            *rows_in(connection, dead_letters, "event_id", event_ids),
+        ]
+    }
+    return [rows[key] for key in sorted(rows)]
+
+
+def anonymize(connection: Connection, dead_letter_id: int, values: dict[str, Any]) -> None:
+    connection.execute(
+        update(dead_letters).where(dead_letters.c.dead_letter_id == dead_letter_id).values(**values)
+    )

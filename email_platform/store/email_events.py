@@ -1,12 +1,14 @@
 """Reads and writes of ``email_events``: normalized provider events, each stored once."""
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Row, delete, insert, select
+from sqlalchemy import Connection, Row, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from email_platform.db.schema import email_event_deletions, email_events
+from email_platform.store.bulk import rows_in
 
 
 def add(connection: Connection, values: dict[str, Any]) -> bool:
@@ -76,3 +78,34 @@ def purge_deletion_records(connection: Connection, *, deleted_before: datetime) 
     return connection.execute(
         delete(email_event_deletions).where(email_event_deletions.c.deleted_at < deleted_before)
     ).rowcount
+
+
+def for_erasure(
+    connection: Connection,
+    addresses: Sequence[str],
+    message_ids: Sequence[int],
+    event_ids: Sequence[str],
+) -> list[Row]:
+    """Provider events to one of ``addresses`` (normalized; a scan), or about these messages
+    or events."""
+    found = [
+        *rows_in(connection, email_events, "message_id", message_ids),
+        *rows_in(connection, email_events, "event_id", event_ids),
+    ]
+    wanted = sorted(set(addresses))
+    for start in range(0, len(wanted), 500):
+        found.extend(
+            connection.execute(
+                select(email_events).where(
+                    func.lower(email_events.c.recipient).in_(wanted[start : start + 500])
+                )
+            ).all()
+        )
+    rows = {row.email_event_id: row for row in found}
+    return [rows[key] for key in sorted(rows)]
+
+
+def anonymize(connection: Connection, email_event_id: int, values: dict[str, Any]) -> None:
+    connection.execute(
+        update(email_events).where(email_events.c.email_event_id == email_event_id).values(**values)
+    )

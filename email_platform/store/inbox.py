@@ -9,6 +9,7 @@ from sqlalchemy import Connection, Row, and_, delete, func, insert, or_, select,
 from sqlalchemy.exc import IntegrityError
 
 from email_platform.db.schema import webhook_inbox as inbox
+from email_platform.store.bulk import rows_in, text_holds_any
 from email_platform.text import text_problem
 
 PENDING, IN_FLIGHT, PROCESSED, MALFORMED, FAILED = (
@@ -173,3 +174,21 @@ def purge_processed(connection: Connection, *, received_before: datetime) -> int
     return connection.execute(
         delete(inbox).where(inbox.c.status == PROCESSED, inbox.c.received_at < received_before)
     ).rowcount
+
+
+# ---- erasure (email_platform.erasure) -------------------------------------------------------
+
+
+def mentioning(connection: Connection, terms: Sequence[str]) -> list[Row]:
+    """Stored bodies that hold one of ``terms`` somewhere (a scan; the caller reads them)."""
+    if not terms:
+        return []
+    return list(connection.execute(select(inbox).where(text_holds_any(inbox.c.body, terms))))
+
+
+def for_ids(connection: Connection, inbox_ids: Sequence[int]) -> list[Row]:
+    return rows_in(connection, inbox, "inbox_id", inbox_ids)
+
+
+def anonymize(connection: Connection, inbox_id: int, values: dict[str, Any]) -> None:
+    connection.execute(update(inbox).where(inbox.c.inbox_id == inbox_id).values(**values))

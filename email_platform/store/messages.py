@@ -8,7 +8,7 @@ from sqlalchemy import Connection, Row, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from email_platform.db.schema import email_messages as messages
-from email_platform.store.bulk import on_postgresql, one_of, unnest
+from email_platform.store.bulk import on_postgresql, one_of, rows_in, unnest
 
 PENDING, SENT, SUPPRESSED, EXPIRED, DUPLICATE, DEAD = (
     "pending",
@@ -273,3 +273,46 @@ def set_delivery_status(
         .where(messages.c.message_id == message_id)
         .values(delivery_status=delivery_status, delivery_updated_at=now)
     )
+
+
+# ---- erasure (email_platform.erasure) -------------------------------------------------------
+
+#: An erased person's message that was never sent: final, but deliberately not in TERMINAL,
+#: so the send path never settles its (cancelled) event as done. Not in MESSAGE_STATUSES (the
+#: zero-filled counts of ``status --json``); counted wherever one exists.
+CANCELLED = "cancelled"
+
+
+def to_addresses(connection: Connection, addresses: Sequence[str]) -> list[Row]:
+    """Messages whose recipient is one of ``addresses`` (normalized; a scan of the table)."""
+    rows: list[Row] = []
+    wanted = sorted(set(addresses))
+    for start in range(0, len(wanted), 500):
+        rows.extend(
+            connection.execute(
+                select(messages).where(
+                    func.lower(messages.c.recipient).in_(wanted[start : start + 500])
+                )
+            ).all()
+        )
+    return rows
+
+
+def for_ids(connection: Connection, message_ids: Sequence[int]) -> list[Row]:
+    return rows_in(connection, messages, "message_id", message_ids)
+
+
+def cancel_pending(connection: Connection, message_ids: Sequence[int], now: datetime) -> int:
+    total = 0
+    for start in range(0, len(message_ids), 500):
+        chunk = list(message_ids[start : start + 500])
+        total += connection.execute(
+            update(messages)
+            .where(one_of(connection, messages.c.message_id, chunk), messages.c.status == PENDING)
+            .values(status=CANCELLED, updated_at=now, last_error="cancelled: recipient erased")
+        ).rowcount
+    return total
+
+
+def anonymize(connection: Connection, message_id: int, values: dict[str, Any]) -> None:
+    connection.execute(update(messages).where(messages.c.message_id == message_id).values(**values))

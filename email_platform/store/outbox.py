@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import Connection, Row, and_, case, func, insert, or_, select, update
 
 from email_platform.db.schema import email_outbox as outbox
-from email_platform.store.bulk import one_of
+from email_platform.store.bulk import one_of, rows_in, text_holds_any
 
 PENDING, IN_FLIGHT, DONE, DEAD = "pending", "in_flight", "done", "dead"
 EVENT_STATUSES = (PENDING, IN_FLIGHT, DONE, DEAD)
@@ -25,6 +25,34 @@ def insert_events(connection: Connection, rows: Sequence[dict[str, Any]]) -> Non
 
 def get_event(connection: Connection, event_id: str) -> Row | None:
     return connection.execute(select(outbox).where(outbox.c.event_id == event_id)).first()
+
+
+def first_events_with_keys(connection: Connection, keys: Iterable[str]) -> dict[str, str]:
+    """The first event (ids sort by time) published with each of the callers' ``keys``."""
+    keys = sorted(set(keys))
+    if not keys:
+        return {}
+    rows = connection.execute(
+        select(outbox.c.idempotency_key, func.min(outbox.c.event_id))
+        .where(outbox.c.idempotency_key.in_(keys))
+        .group_by(outbox.c.idempotency_key)
+    )
+    return {key: event_id for key, event_id in rows}
+
+
+def recent_publications(
+    connection: Connection, event_types: Sequence[str], aggregate_id: str, since: datetime
+) -> tuple[int, datetime | None]:
+    """How many events of ``event_types`` for ``aggregate_id`` were published after ``since``,
+    and when the oldest of them was (a rate limit's window)."""
+    count, oldest = connection.execute(
+        select(func.count(), func.min(outbox.c.published_at)).where(
+            outbox.c.aggregate_id == aggregate_id,
+            outbox.c.event_type.in_(list(event_types)),
+            outbox.c.published_at > since,
+        )
+    ).one()
+    return int(count), oldest
 
 
 def _requestable(lane: str, now: datetime, request_timeout_s: int) -> Any:
@@ -339,6 +367,49 @@ def requeue(connection: Connection, event_ids: Sequence[str]) -> int:
     return total
 
 
+def events_by_trace(
+    connection: Connection,
+    *,
+    trace_id: str | None = None,
+    correlation_id: str | None = None,
+    limit: int = 100,
+) -> list[Row]:
+    """The events of one request (its trace id, its correlation id, or both), in publish order;
+    each lookup walks its own index."""
+    if trace_id is None and correlation_id is None:
+        raise ValueError("give a trace_id or a correlation_id")
+    conditions = []
+    if trace_id is not None:
+        conditions.append(outbox.c.trace_id == trace_id)
+    if correlation_id is not None:
+        conditions.append(outbox.c.correlation_id == correlation_id)
+    return list(
+        connection.execute(
+            select(outbox)
+            .where(*conditions)
+            .order_by(outbox.c.published_at, outbox.c.event_id)
+            .limit(limit)
+        ).all()
+    )
+
+
+def trace_fields(connection: Connection, event_ids: Sequence[str]) -> dict[str, Row]:
+    """``event_id``, ``trace_id``, ``correlation_id`` and ``trace_context`` of the given events
+    (for spans and log lines of code that holds only a message)."""
+    found: dict[str, Row] = {}
+    for chunk in _chunks(sorted(set(event_ids)), 500):
+        rows = connection.execute(
+            select(
+                outbox.c.event_id,
+                outbox.c.trace_id,
+                outbox.c.correlation_id,
+                outbox.c.trace_context,
+            ).where(one_of(connection, outbox.c.event_id, chunk))
+        ).all()
+        found.update((row.event_id, row) for row in rows)
+    return found
+
+
 def counts_by_status(connection: Connection) -> dict[str, int]:
     rows = connection.execute(select(outbox.c.status, func.count()).group_by(outbox.c.status)).all()
     counts = dict.fromkeys(EVENT_STATUSES, 0)
@@ -365,3 +436,76 @@ def _chunks(items: Iterable[str], size: int) -> Iterable[list[str]]:
             batch = []
     if batch:
         yield batch
+
+
+# ---- erasure (email_platform.erasure) -------------------------------------------------------
+
+#: Terminal, like done and dead: an erased person's event, never sent. Not in EVENT_STATUSES
+#: (the zero-filled counts of ``status --json``); counted wherever one exists.
+CANCELLED = "cancelled"
+
+
+def ids_for_aggregate(connection: Connection, aggregate_id: str) -> list[str]:
+    return list(
+        connection.execute(
+            select(outbox.c.event_id).where(outbox.c.aggregate_id == aggregate_id)
+        ).scalars()
+    )
+
+
+def mentioning(connection: Connection, terms: Sequence[str]) -> list[Row]:
+    """Events whose payload or metadata holds one of ``terms`` somewhere (a scan; the caller
+    reads the values to be sure)."""
+    if not terms:
+        return []
+    where = or_(
+        text_holds_any(outbox.c.payload, terms), text_holds_any(outbox.c.event_metadata, terms)
+    )
+    return list(
+        connection.execute(
+            select(outbox.c.event_id, outbox.c.payload, outbox.c.event_metadata).where(where)
+        ).all()
+    )
+
+
+def for_ids(connection: Connection, event_ids: Sequence[str]) -> list[Row]:
+    return rows_in(connection, outbox, "event_id", event_ids)
+
+
+def cancel(connection: Connection, event_ids: Sequence[str], now: datetime) -> tuple[int, int]:
+    """Events not yet sent (pending, or in flight in a run) become ``cancelled`` for good.
+
+    Returns ``(cancelled, were_in_flight)``. A run holding one no longer holds it (it is not
+    in flight), so ``BatchSender`` fences it off before any provider call, and no claim, lease
+    renewal, release or replay touches it again. The rows are locked first (PostgreSQL), so a
+    claim racing this one waits or skips them.
+    """
+    cancelled = in_flight = 0
+    for chunk in _chunks(sorted(event_ids), 500):
+        query = select(outbox.c.event_id, outbox.c.status).where(
+            one_of(connection, outbox.c.event_id, chunk),
+            outbox.c.status.in_([PENDING, IN_FLIGHT]),
+        )
+        if connection.dialect.name == "postgresql":
+            query = query.with_for_update()
+        rows = connection.execute(query).all()
+        if not rows:
+            continue
+        connection.execute(
+            update(outbox)
+            .where(one_of(connection, outbox.c.event_id, [row.event_id for row in rows]))
+            .values(
+                status=CANCELLED,
+                resolution="erased",
+                done_at=now,
+                lease_expires_at=None,
+                requested_at=None,
+            )
+        )
+        cancelled += len(rows)
+        in_flight += sum(1 for row in rows if row.status == IN_FLIGHT)
+    return cancelled, in_flight
+
+
+def anonymize(connection: Connection, event_id: str, values: dict[str, Any]) -> None:
+    connection.execute(update(outbox).where(outbox.c.event_id == event_id).values(**values))

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
+from email_platform import tracing
 from email_platform.db.engine import make_engine
 from email_platform.db.schema import email_events
 from email_platform.warehouse.build import (
@@ -105,10 +106,27 @@ def refresh(
     """
     engine = make_engine(database) if isinstance(database, str) else database
     try:
-        with writer_lock(warehouse_path):
-            return _refresh_locked(
+        # One span per refresh, linked to no event: a refresh loads thousands of traces' rows,
+        # and those rows carry their trace_id (stg_events, email_funnel) to join on instead.
+        with (
+            tracing.start_span(
+                "email_platform.warehouse.refresh", attributes={"warehouse.full": full}
+            ) as span,
+            writer_lock(warehouse_path),
+        ):
+            summary = _refresh_locked(
                 engine, Path(warehouse_path), full=full, lookback_s=lookback_s, publish=publish
             )
+            tracing.set_attributes(
+                span,
+                {
+                    "warehouse.full_build": summary.full_build,
+                    "warehouse.rows_loaded": summary.total_loaded,
+                    "warehouse.messages_rebuilt": summary.messages_rebuilt,
+                    "warehouse.next_writer": summary.next_writer,
+                },
+            )
+            return summary
     finally:
         if isinstance(database, str):
             engine.dispose()

@@ -64,6 +64,11 @@ SOURCES: tuple[Source, ...] = (
             ("status", "VARCHAR"),
             ("resolution", "VARCHAR"),
             ("done_at", TS),
+            # Added later: last, so a raw table of an older warehouse file gets them appended
+            # (see state._ensure_schema) in the order the load writes them.
+            ("trace_id", "VARCHAR"),
+            ("correlation_id", "VARCHAR"),
+            ("producer", "VARCHAR"),
         ),
         ("published_at", "done_at"),
         ("event_id",),

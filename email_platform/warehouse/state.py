@@ -46,6 +46,19 @@ def _ensure_schema(connection: duckdb.DuckDBPyConnection) -> None:
     for source in SOURCES:
         columns = ", ".join(f"{name} {kind}" for name, kind in source.columns)
         connection.execute(f"CREATE TABLE IF NOT EXISTS {source.raw_table} ({columns})")
+    # A file from before a source grew columns (the outbox's trace fields): they are appended,
+    # so the load's positional inserts line up. Its old rows keep NULL there, as the
+    # operational rows of that time do. One catalog query, no ALTER when nothing is missing.
+    present = set(
+        connection.execute(
+            "SELECT table_name, column_name FROM information_schema.columns "
+            "WHERE table_catalog = current_database() AND table_schema = 'main'"
+        ).fetchall()
+    )
+    for source in SOURCES:
+        for name, kind in source.columns:
+            if (source.raw_table, name) not in present:
+                connection.execute(f"ALTER TABLE {source.raw_table} ADD COLUMN {name} {kind}")
 
 
 def _load_state(connection: duckdb.DuckDBPyConnection) -> dict[str, datetime]:

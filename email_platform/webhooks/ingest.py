@@ -14,9 +14,10 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from email_platform import tracing
 from email_platform.db.errors import database_unavailable
 from email_platform.db.schema import email_events as email_events_table
-from email_platform.store import email_events, inbox, messages, suppressions
+from email_platform.store import email_events, inbox, messages, outbox, suppressions
 from email_platform.text import storable_text, text_problem
 from email_platform.timeutil import utcnow
 from email_platform.webhooks import registry
@@ -74,9 +75,14 @@ class WebhookIngestor:
         self.engine = engine
         self.providers = dict(providers or registry.available())
         self.log = log or logging.getLogger(__name__)
+        # Set per run: whether to emit spans, and the trace contexts of the events seen so far.
+        self._traced = False
+        self._contexts: dict[str, Any] = {}
 
     def run(self, inbox_ids: Sequence[int], *, run_id: str, lease_s: int = 300) -> IngestOutcome:
         outcome = IngestOutcome()
+        self._traced = tracing.active()
+        self._contexts = {}
         with self.engine.begin() as connection:
             rows = inbox.claim(connection, inbox_ids, run_id=run_id, lease_s=lease_s, now=utcnow())
         outcome.claimed = len(rows)
@@ -118,10 +124,35 @@ class WebhookIngestor:
                 now=utcnow(),
             )
 
+    def _record_span(
+        self, connection: Any, event: NormalizedEvent, message: Any, started_ns: int
+    ) -> None:
+        """An ``email_platform.webhook`` span (kind CONSUMER) for one applied provider event,
+        parented on its message's event's stored context: the provider's report joins the
+        trace of the request that caused the email."""
+        event_id = message.event_id
+        if event_id not in self._contexts:
+            fields = outbox.trace_fields(connection, [event_id]).get(event_id)
+            self._contexts[event_id] = fields.trace_context if fields is not None else None
+        tracing.record_span(
+            "email_platform.webhook",
+            start_time_ns=started_ns,
+            context_carrier=self._contexts[event_id],
+            kind="consumer",
+            attributes={
+                "email.provider": event.provider,
+                "email.webhook_event_type": event.event_type,
+                "email.event_id": event_id,
+                "email.message_id": message.message_id,
+                "email.provider_message_id": event.provider_message_id,
+            },
+        )
+
     def _apply(
         self, connection: Any, event: NormalizedEvent, inbox_id: int, outcome: IngestOutcome
     ) -> None:
         now = utcnow()
+        started_ns = tracing.now_ns()
         event_id = _fitting("event_id", event.event_id)
         idempotency_key = _fitting("idempotency_key", event.idempotency_key)
         provider_message_id = _fitting("provider_message_id", event.provider_message_id)
@@ -178,6 +209,8 @@ class WebhookIngestor:
                 state = combine(state, kind)
             if state != current:
                 messages.set_delivery_status(connection, message.message_id, state, now)
+            if self._traced:
+                self._record_span(connection, event, message, started_ns)
         reason = event.suppression_reason
         if (
             reason
