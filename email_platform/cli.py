@@ -220,6 +220,54 @@ def workers_stop(lane: str | None) -> None:
 
 
 @main.group()
+def celery() -> None:
+    """Send steps on Dagster's Celery executor (EMAIL_PLATFORM_EXECUTOR=celery)."""
+
+
+@celery.command("worker")
+@click.option("--name", "-n", default="email", show_default=True, help="Worker name (@host added).")
+@click.option(
+    "--queue",
+    "-q",
+    multiple=True,
+    help="A queue to serve, repeatable (default: every queue EMAIL_PLATFORM_CELERY_* names).",
+)
+@click.option(
+    "--concurrency",
+    "-c",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Steps run at once, each in a process of its own (a lane worker holds one for minutes).",
+)
+@click.option("--loglevel", "-l", default="INFO", show_default=True)
+def celery_worker(name: str, queue: tuple[str, ...], concurrency: int, loglevel: str) -> None:
+    """Start a dagster-celery worker for the send steps, with the broker, backend and queues the
+    run workers submit to. Run one or more per host; each needs DAGSTER_HOME (the shared
+    PostgreSQL instance) and the EMAIL_PLATFORM_* settings of the code location."""
+    import os
+
+    from email_platform.errors import ConfigurationError
+    from email_platform.local.celery_worker import worker_command, worker_path, write_worker_config
+
+    try:
+        settings = config.executor_settings()
+    except ConfigurationError as exc:
+        raise click.ClickException(str(exc)) from None
+    home = config.dagster_home()
+    if not (home / "dagster.yaml").exists():
+        raise click.ClickException(f"no Dagster instance at {home}: set DAGSTER_HOME")
+    path = write_worker_config(settings, home / "celery")
+    command = worker_command(
+        settings, path, name=name, queues=queue, concurrency=concurrency, loglevel=loglevel
+    )
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    env["PATH"] = worker_path(env)
+    click.echo(f"celery worker {name} on {', '.join(queue or settings.queues())}", err=True)
+    os.execvpe(command[0], command, env)
+
+
+@main.group()
 def dlq() -> None:
     """Dead letters: list, replay, discard."""
 

@@ -131,3 +131,67 @@ class ProviderSettings:
             rate_limit_per_s=float(values.get(PREFIX + "PROVIDER_RATE_LIMIT_PER_S", "0")),
             options=options,
         )
+
+
+#: The engines the send steps can run on (``EMAIL_PLATFORM_EXECUTOR``).
+EXECUTORS = ("default", "celery")
+
+
+@dataclass(frozen=True)
+class ExecutorSettings:
+    """Where the send jobs' steps execute.
+
+    ``default``: the lane-worker step in a process of its own beside the run worker, a batch run's
+    step in the run worker itself (on the daemon's host with the default run launcher).
+    ``celery``: on ``dagster-celery`` worker processes, through ``broker``; a lane named in
+    ``lane_queues`` goes to its own Celery queue, every other lane to ``default_queue``.
+    """
+
+    kind: str = "default"
+    broker: str = "redis://127.0.0.1:6379/0"
+    backend: str | None = None
+    lane_queues: dict[str, str] = field(default_factory=dict)
+    default_queue: str = "dagster"
+
+    @property
+    def result_backend(self) -> str:
+        """The backend: the broker itself when it is Redis (``rpc://`` needs AMQP)."""
+        if self.backend:
+            return self.backend
+        return self.broker if self.broker.startswith(("redis://", "rediss://")) else "rpc://"
+
+    def queue_for(self, lane: str | None) -> str:
+        return self.lane_queues.get(lane or "", self.default_queue)
+
+    def queues(self) -> list[str]:
+        """Every queue a worker serving all lanes listens on."""
+        return [self.default_queue, *sorted(set(self.lane_queues.values()) - {self.default_queue})]
+
+
+def executor_settings(env: Mapping[str, str] | None = None) -> ExecutorSettings:
+    """``EMAIL_PLATFORM_EXECUTOR``, ``_CELERY_BROKER``, ``_CELERY_BACKEND`` and
+    ``_CELERY_LANE_QUEUES`` (``critical=critical,transactional=mail``)."""
+    from email_platform.errors import ConfigurationError
+    from email_platform.lanes import LANES
+
+    values = _env(env)
+    kind = values.get(PREFIX + "EXECUTOR", "default").strip().lower() or "default"
+    if kind not in EXECUTORS:
+        raise ConfigurationError(f"{PREFIX}EXECUTOR={kind!r} is not one of {', '.join(EXECUTORS)}")
+    lane_queues: dict[str, str] = {}
+    raw = values.get(PREFIX + "CELERY_LANE_QUEUES", "")
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        lane, sep, queue = (piece.strip() for piece in item.partition("="))
+        if not sep or lane not in LANES or not queue or not queue.replace("_", "").isalnum():
+            raise ConfigurationError(
+                f"{PREFIX}CELERY_LANE_QUEUES: {item!r} is not <lane>=<queue> with a lane of "
+                f"{', '.join(LANES)} and a queue name of letters, digits and _"
+            )
+        lane_queues[lane] = queue
+    defaults = ExecutorSettings()
+    return ExecutorSettings(
+        kind=kind,
+        broker=values.get(PREFIX + "CELERY_BROKER") or defaults.broker,
+        backend=values.get(PREFIX + "CELERY_BACKEND") or None,
+        lane_queues=lane_queues,
+    )

@@ -9,6 +9,7 @@ from typing import Any
 
 from dagster import in_process_executor, job, multiprocess_executor
 
+from email_platform.executors import switchable_executor
 from email_platform.ops.ingest import ingest_webhook_batch
 from email_platform.ops.lane_worker import run_lane_worker
 from email_platform.ops.send import send_email_batch
@@ -18,6 +19,7 @@ from email_platform.ops.send import send_email_batch
 # backlog on a small machine. Their ops retry by raising RetryRequested themselves
 # (ops/retry.py), so an operator's terminate ends the step instead of retrying it. The lane
 # worker keeps its step process and RetryPolicy: it starts once in a lifetime of minutes.
+# EMAIL_PLATFORM_EXECUTOR=celery runs both send jobs' steps on Celery workers (executors.py).
 
 
 @job(
@@ -27,7 +29,7 @@ from email_platform.ops.send import send_email_batch
         "Re-execute a failed run from failure to replay its dead letters safely."
     ),
     tags={"email/job": "send"},
-    executor_def=in_process_executor,
+    executor_def=switchable_executor(in_process_executor),
 )
 def send_email_job() -> None:
     send_email_batch()
@@ -53,7 +55,7 @@ def ingest_webhooks_job() -> None:
         "letters."
     ),
     tags={"email/job": "lane_worker"},
-    executor_def=multiprocess_executor,
+    executor_def=switchable_executor(multiprocess_executor),
 )
 def lane_worker_job() -> None:
     run_lane_worker()
