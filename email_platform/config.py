@@ -191,7 +191,20 @@ def executor_settings(env: Mapping[str, str] | None = None) -> ExecutorSettings:
     defaults = ExecutorSettings()
     return ExecutorSettings(
         kind=kind,
-        broker=values.get(PREFIX + "CELERY_BROKER") or defaults.broker,
-        backend=values.get(PREFIX + "CELERY_BACKEND") or None,
+        broker=_celery_url(values, "CELERY_BROKER") or defaults.broker,
+        backend=_celery_url(values, "CELERY_BACKEND"),
         lane_queues=lane_queues,
     )
+
+
+def _celery_url(values: Mapping[str, str], name: str) -> str | None:
+    """dagster-celery writes the URL into a Python file between single quotes: refuse what
+    would end the string or the line there."""
+    from email_platform.errors import ConfigurationError
+
+    url = values.get(PREFIX + name) or None
+    if url is not None and any(c in "'\"\\" or c.isspace() or not c.isprintable() for c in url):
+        raise ConfigurationError(
+            f"{PREFIX}{name} must be a URL without quotes, backslashes, spaces or line breaks"
+        )
+    return url

@@ -47,6 +47,9 @@ def test_celery_settings_route_lanes_to_queues():
         ({"EMAIL_PLATFORM_CELERY_LANE_QUEUES": "urgent=fast"}, "CELERY_LANE_QUEUES"),
         ({"EMAIL_PLATFORM_CELERY_LANE_QUEUES": "critical"}, "CELERY_LANE_QUEUES"),
         ({"EMAIL_PLATFORM_CELERY_LANE_QUEUES": "critical=a b"}, "CELERY_LANE_QUEUES"),
+        ({"EMAIL_PLATFORM_CELERY_BROKER": "redis://h'\nimport os"}, "CELERY_BROKER"),
+        ({"EMAIL_PLATFORM_CELERY_BACKEND": "redis://h\\x"}, "CELERY_BACKEND"),
+        ({"EMAIL_PLATFORM_CELERY_BROKER": "redis://h\u2028x"}, "CELERY_BROKER"),
     ],
 )
 def test_bad_executor_settings_name_the_variable(env, variable):
