@@ -191,8 +191,8 @@ def executor_settings(env: Mapping[str, str] | None = None) -> ExecutorSettings:
     defaults = ExecutorSettings()
     return ExecutorSettings(
         kind=kind,
-        broker=_celery_url(values, "CELERY_BROKER") or defaults.broker,
-        backend=_celery_url(values, "CELERY_BACKEND"),
+        broker=_celery_url(values, PREFIX + "CELERY_BROKER") or defaults.broker,
+        backend=_celery_url(values, PREFIX + "CELERY_BACKEND"),
         lane_queues=lane_queues,
     )
 
@@ -202,9 +202,9 @@ def _celery_url(values: Mapping[str, str], name: str) -> str | None:
     would end the string or the line there."""
     from email_platform.errors import ConfigurationError
 
-    url = values.get(PREFIX + name) or None
+    url = values.get(name) or None
     if url is not None and any(c in "'\"\\" or c.isspace() or not c.isprintable() for c in url):
         raise ConfigurationError(
-            f"{PREFIX}{name} must be a URL without quotes, backslashes, spaces or line breaks"
+            f"{name} must be a URL without quotes, backslashes, spaces or line breaks"
         )
     return url

@@ -1,7 +1,7 @@
 """What one client can make the webhook receiver hold is bounded, on a real uvicorn server.
 
 A slow client that sends half its headers and stops is disconnected; one that stops sending
-its body gets a 408; too many headers get a 431, too large a header block a 400; and none of
+its body gets a 408; too many headers or too large a header block get a 431; and none of
 them stops a good webhook, sent meanwhile, from being stored. The receiver runs as
 ``webhooks serve`` runs it (``serving.uvicorn_options``), with the deadlines shortened.
 """
@@ -98,7 +98,7 @@ def test_too_many_headers_get_a_431(receiver, engine):
     assert _stored(engine) == 0
 
 
-def test_an_oversized_header_arriving_in_pieces_gets_a_400(receiver, engine):
+def test_an_oversized_header_arriving_in_pieces_gets_a_431(receiver, engine):
     slow = _raw(receiver)
     slow.sendall(b"POST /webhooks/sandbox HTTP/1.1\r\nHost: x\r\nX-Big: ")
     answer = b""
@@ -109,10 +109,10 @@ def test_an_oversized_header_arriving_in_pieces_gets_a_400(receiver, engine):
         answer = slow.recv(4096)
     except (ConnectionResetError, BrokenPipeError):
         # The server answered and closed while this client was still sending: refused too.
-        answer = b"HTTP/1.1 400 (connection closed mid-send)"
+        answer = b"HTTP/1.1 431 (connection closed mid-send)"
     finally:
         slow.close()
-    assert answer.startswith(b"HTTP/1.1 400")
+    assert answer.startswith(b"HTTP/1.1 431")
     assert _stored(engine) == 0
 
 

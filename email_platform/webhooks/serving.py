@@ -2,8 +2,8 @@
 
 Anyone can connect to a webhook URL, so a request is bounded before it reaches the app:
 
-* at most ``MAX_HEADER_BYTES`` of headers (431; h11's receive buffer refuses a larger block
-  that arrives in pieces with a 400) and at most ``MAX_HEADERS`` headers (431);
+* at most ``MAX_HEADER_BYTES`` of headers and at most ``MAX_HEADERS`` headers (431, whether the
+  block arrives whole or in pieces);
 * a client must finish its request line and headers within ``HEADER_TIMEOUT_S`` of connecting
   (or of its previous response), and may pause at most ``BODY_TIMEOUT_S`` between body chunks
   (408): a client that sends half a request and stops is disconnected, not waited for.
@@ -18,7 +18,7 @@ from typing import Any
 
 import h11
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.h11_impl import STATUS_PHRASES, H11Protocol
 
 MAX_HEADER_BYTES = 16 * 1024
 MAX_HEADERS = 100
@@ -26,14 +26,47 @@ HEADER_TIMEOUT_S = 10.0
 BODY_TIMEOUT_S = 10.0
 
 
+class _RememberingConnection(h11.Connection):
+    """An h11 connection that keeps the protocol error it raised, for its status hint."""
+
+    refused: h11.RemoteProtocolError | None = None
+
+    def next_event(self) -> Any:
+        try:
+            return super().next_event()
+        except h11.RemoteProtocolError as error:
+            self.refused = error
+            raise
+
+
 class BoundedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol, with a deadline for a request's line and headers.
 
     uvicorn times out idle keep-alive connections, not a request that stops half way through
-    its headers (slowloris); this closes such a connection after ``HEADER_TIMEOUT_S``.
+    its headers (slowloris); this closes such a connection after ``HEADER_TIMEOUT_S``. It also
+    answers a refused request with h11's status hint (431 for a header block over the receive
+    buffer) where uvicorn answers every refusal with a 400.
     """
 
     header_timeout_s = HEADER_TIMEOUT_S
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.conn = _RememberingConnection(
+            h11.SERVER, self.config.h11_max_incomplete_event_size or MAX_HEADER_BYTES
+        )
+
+    def send_400_response(self, msg: str) -> None:
+        refused = getattr(self.conn, "refused", None)
+        status = getattr(refused, "error_status_hint", 400)
+        if status == 400:
+            super().send_400_response(msg)
+            return
+        headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")]
+        response = h11.Response(status_code=status, headers=headers, reason=STATUS_PHRASES[status])
+        for event in (response, h11.Data(data=msg.encode("ascii")), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -98,7 +131,7 @@ class RequestLimits:
             await _answer(send, 431, b'{"error": "too many headers"}')
             return
         # h11 bounds only a header block that arrives in pieces; one that arrives whole is
-        # counted here.
+        # counted here, with the same answer.
         if sum(len(name) + len(value) for name, value in headers) > self.max_header_bytes:
             await _answer(send, 431, b'{"error": "headers too large"}')
             return
