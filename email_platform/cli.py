@@ -488,21 +488,40 @@ def webhooks() -> None:
 @webhooks.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8026, show_default=True, type=int)
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Receiver processes sharing the port (uvicorn workers).",
+)
 @click.option("--url", help="SQLAlchemy URL of the application database.")
-def webhooks_serve(host: str, port: int, url: str | None) -> None:
+def webhooks_serve(host: str, port: int, workers: int, url: str | None) -> None:
     """Receive provider webhooks on POST /webhooks/{provider} (verify, store, then 2xx)."""
+    import os
+
     import uvicorn
 
-    from email_platform.webhooks.receiver import create_receiver_app
     from email_platform.webhooks.serving import uvicorn_options
 
-    app = create_receiver_app(
-        _engine(url),
-        settings=config.webhook_settings(),
-        max_body_bytes=config.webhook_max_body_bytes(),
+    engine = _engine(url)  # refuse an unmigrated database before binding the port
+    engine.dispose()
+    # Each worker process builds its own app from the environment: pass the URL on.
+    os.environ[config.PREFIX + "DATABASE_URL"] = engine.url.render_as_string(hide_password=False)
+    click.echo(
+        f"webhook receiver on http://{host}:{port}/webhooks/{{provider}} ({workers} process(es))",
+        err=True,
     )
-    click.echo(f"webhook receiver on http://{host}:{port}/webhooks/{{provider}}", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="info", access_log=False, **uvicorn_options())
+    uvicorn.run(
+        "email_platform.webhooks.receiver:receiver_app_from_environment",
+        factory=True,
+        workers=workers,
+        host=host,
+        port=port,
+        log_level="info",
+        access_log=False,
+        **uvicorn_options(),
+    )
 
 
 @webhooks.command("reprocess")
@@ -522,6 +541,94 @@ def webhooks_reprocess(since, url: str | None) -> None:  # type: ignore[no-untyp
         email_events.delete_for_inbox_rows(connection, ids)
         count = inbox.requeue(connection, ids)
     click.echo(f"{count} stored webhook(s) queued for the webhook inbox sensor")
+
+
+@main.group()
+def stack() -> None:
+    """The production stack on this machine (PostgreSQL, daemon, webserver, receivers, Celery)."""
+
+
+_STACK_DIR = click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".email_platform_stack"),
+    show_default=True,
+    help="Where the stack keeps its state, settings, logs and Dagster home.",
+)
+
+
+@stack.command("up")
+@_STACK_DIR
+@click.option(
+    "--postgres",
+    default="postgresql://postgres@127.0.0.1:5432/postgres",
+    show_default=True,
+    help="Any database on the PostgreSQL server; the stack creates its own two there.",
+)
+@click.option("--name", default="email_platform", show_default=True, help="Database name.")
+@click.option("--broker", default="redis://127.0.0.1:6379/0", show_default=True)
+@click.option("--receivers", default=2, show_default=True, type=click.IntRange(1, 64))
+@click.option("--celery-workers", default=2, show_default=True, type=click.IntRange(1, 64))
+@click.option("--concurrency", default=2, show_default=True, type=click.IntRange(1, 256))
+@click.option("--receiver-port", default=8026, show_default=True, type=int)
+@click.option("--webserver-port", default=3000, show_default=True, type=int)
+@click.option("--sandbox-port", default=8025, show_default=True, type=int)
+@click.option("--sandbox-latency-ms", default=0.0, show_default=True, type=float)
+def stack_up(directory: Path, **options: Any) -> None:
+    """Bring the stack up in the background; `stack down` stops it."""
+    from email_platform.local.stack import StackError, StackSettings, up
+
+    try:
+        state = up(
+            StackSettings(
+                directory,
+                postgres_url=options["postgres"],
+                name=options["name"],
+                broker=options["broker"],
+                receivers=options["receivers"],
+                celery_workers=options["celery_workers"],
+                celery_concurrency=options["concurrency"],
+                receiver_port=options["receiver_port"],
+                webserver_port=options["webserver_port"],
+                sandbox_port=options["sandbox_port"],
+                sandbox_latency_ms=options["sandbox_latency_ms"],
+            ),
+            echo=lambda line: click.echo(line, err=True),
+        )
+    except StackError as exc:
+        raise click.ClickException(str(exc)) from None
+    for name, url in state["urls"].items():
+        click.echo(f"{name}: {url}")
+    click.echo(f"settings: source {directory / 'stack.env'}")
+
+
+@stack.command("down")
+@_STACK_DIR
+@click.option("--drain-s", default=30.0, show_default=True, type=float)
+@click.option("--drop-databases", is_flag=True, help="Also drop the stack's two databases.")
+def stack_down(directory: Path, drain_s: float, drop_databases: bool) -> None:
+    """Stop every process of the stack (lane workers hand back what they hold first)."""
+    from email_platform.local.stack import StackError, down
+
+    try:
+        down(directory, drain_s=drain_s, drop=drop_databases, echo=click.echo)
+    except StackError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@stack.command("status")
+@_STACK_DIR
+def stack_status(directory: Path) -> None:
+    """Each process of the stack: up or down."""
+    from email_platform.local.stack import status
+
+    groups = status(directory)
+    if not groups:
+        raise click.ClickException(f"no stack in {directory}")
+    for name, alive in groups.items():
+        click.echo(f"{name:20} {'up' if alive else 'down'}")
+    sys.exit(0 if all(groups.values()) else 1)
 
 
 @main.group()

@@ -1,11 +1,13 @@
 """Helpers shared by the storage tests: publish events, run the real send job, read state."""
 
 import json
+from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
-from dagster import DagsterInstance, ExecuteInProcessResult
+from dagster import DagsterEventType, DagsterInstance, ExecuteInProcessResult
 from sqlalchemy import Column, Engine, MetaData, String, Table, insert, select
 
 from email_platform import publish
@@ -60,6 +62,63 @@ def signup(engine: Engine, user_id: str, email: str | None = None, **kwargs: Any
 def publish_one(engine: Engine, **kwargs: Any) -> str:
     with engine.begin() as connection:
         return publish(connection, **kwargs)
+
+
+def publish_across_lanes(engine: Engine, lane_counts: dict[str, int]) -> list[str]:
+    """Password resets (critical), signups (transactional) and digests (bulk); their ids."""
+    ids: list[str] = []
+    with engine.begin() as connection:
+        product.create_all(connection)
+        for i in range(lane_counts["critical"]):
+            connection.execute(insert(users).values(id=f"c{i}", email=f"c{i}@example.com"))
+            ids.append(
+                publish(
+                    connection,
+                    event_type="user.password_reset_requested",
+                    aggregate_id=f"c{i}",
+                    payload={"user_id": f"c{i}", "reset_token": f"t{i}"},
+                )
+            )
+        for i in range(lane_counts["transactional"]):
+            ids.append(
+                publish(
+                    connection,
+                    event_type="user.signed_up",
+                    aggregate_id=f"t{i}",
+                    payload={"user_id": f"t{i}", "email": f"t{i}@example.com", "first_name": "Al"},
+                )
+            )
+        for i in range(lane_counts["bulk"]):
+            ids.append(
+                publish(
+                    connection,
+                    event_type="digest.ready",
+                    aggregate_id=f"b{i}",
+                    payload={"email": f"b{i}@example.org", "first_name": "Jo", "highlights": ["a"]},
+                )
+            )
+    return ids
+
+
+def outbox_statuses(engine: Engine, ids: list[str]) -> Counter:
+    with engine.connect() as connection:
+        rows = connection.execute(
+            select(email_outbox.c.status).where(email_outbox.c.event_id.in_(ids))
+        ).all()
+    return Counter(row.status for row in rows)
+
+
+def celery_workers_by_lane(home: Path) -> dict[str, set[str]]:
+    """Lane -> the Celery workers that executed its steps, from the runs' own event logs."""
+    hosts: dict[str, set[str]] = {}
+    with DagsterInstance.from_config(str(home)) as instance:
+        for run in instance.get_runs():
+            for entry in instance.all_logs(run.run_id, of_type=DagsterEventType.ENGINE_EVENT):
+                data = entry.dagster_event.engine_event_data if entry.dagster_event else None
+                if data is not None and "Celery worker" in data.metadata:
+                    worker = str(data.metadata["Celery worker"].value).split("@")[0]
+                    hosts.setdefault(run.tags["email/lane"], set()).add(worker)
+    return hosts
 
 
 def send_job_defs(

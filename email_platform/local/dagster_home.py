@@ -8,6 +8,7 @@ and ``dagster/priority`` to dequeue it first.
 """
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -53,7 +54,7 @@ storage:
       hostname: {hostname}
       port: {port}
       username: {username}
-      password: ""
+      password: {password}
       db_name: {db_name}
       # psycopg 3 rejects dagster-postgres's parameterized NOTIFY; psycopg2 works.
       scheme: postgresql+psycopg2
@@ -71,13 +72,14 @@ load_from:
 class PostgresStorage:
     """Run, event-log and schedule storage in one PostgreSQL database (dagster-postgres).
 
-    No password: the local servers this is for (the benchmark's) use trust auth.
+    The local servers the benchmark and tests use trust auth: no password.
     """
 
     hostname: str
     db_name: str
     port: int = 5432
     username: str = "postgres"
+    password: str = ""
 
 
 def render_dagster_yaml(
@@ -95,7 +97,14 @@ def render_dagster_yaml(
     """
     bulk_runs = max(1, max_runs // 3) if bulk_runs is None else bulk_runs
     transactional_runs = max(1, max_runs // 2) if transactional_runs is None else transactional_runs
-    storage = "" if postgres is None else _POSTGRES_STORAGE.format(**asdict(postgres))
+    storage = (
+        ""
+        if postgres is None
+        # A JSON string is a YAML double-quoted scalar: any password stays one value.
+        else _POSTGRES_STORAGE.format(
+            **{**asdict(postgres), "password": json.dumps(postgres.password)}
+        )
+    )
     return _DAGSTER_YAML.format(
         storage=storage,
         max_runs=max_runs,

@@ -13,6 +13,7 @@ size and the time to read a request are bounded (``serving.py``).
 """
 
 import logging
+import os
 from collections.abc import Callable, Mapping
 from datetime import datetime
 
@@ -169,7 +170,8 @@ def create_receiver_app(
         return JSONResponse({"status": "stored", "inbox_id": inbox_id}, status_code=200)
 
     async def health(request: Request) -> JSONResponse:
-        return JSONResponse({"ok": True, "providers": sorted(known)})
+        # The process id tells apart the receiver processes sharing one port.
+        return JSONResponse({"ok": True, "providers": sorted(known), "process": os.getpid()})
 
     app = Starlette(
         routes=[
@@ -178,3 +180,17 @@ def create_receiver_app(
         ]
     )
     return RequestLimits(app)
+
+
+def receiver_app_from_environment() -> RequestLimits:
+    """The receiver with every setting from the environment: what ``webhooks serve --workers N``
+    has uvicorn build in each of its worker processes (by import path, so each builds its own
+    engine)."""
+    from email_platform import config
+    from email_platform.db.engine import make_engine
+
+    return create_receiver_app(
+        make_engine(config.database_url()),
+        settings=config.webhook_settings(),
+        max_body_bytes=config.webhook_max_body_bytes(),
+    )
