@@ -258,9 +258,12 @@ def celery_worker(name: str, queue: tuple[str, ...], concurrency: int, loglevel:
     if not (home / "dagster.yaml").exists():
         raise click.ClickException(f"no Dagster instance at {home}: set DAGSTER_HOME")
     path = write_worker_config(settings, home / "celery")
-    command = worker_command(
-        settings, path, name=name, queues=queue, concurrency=concurrency, loglevel=loglevel
-    )
+    try:
+        command = worker_command(
+            settings, path, name=name, queues=queue, concurrency=concurrency, loglevel=loglevel
+        )
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
     env = {**os.environ, "DAGSTER_HOME": str(home)}
     env["PATH"] = worker_path(env)
     click.echo(f"celery worker {name} on {', '.join(queue or settings.queues())}", err=True)

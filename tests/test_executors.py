@@ -62,10 +62,13 @@ def test_the_worker_command_serves_every_configured_queue_one_step_per_slot():
     command = worker_command(settings, Path("/x/w.yaml"), name="h1", concurrency=3)
     assert command[1:7] == ["worker", "start", "-A", "dagster_celery.app", "-y", "/x/w.yaml"]
     queues = [command[i + 1] for i, arg in enumerate(command) if arg == "-q"]
-    assert queues == ["dagster", "crit"]
+    assert queues == ["dagster,crit"]  # one argument: Celery 5 keeps only the last -Q
     assert command[command.index("--") :][:3] == ["--", "--concurrency=3", "--pool=prefork"]
     with pytest.raises(ValueError, match="concurrency"):
         worker_command(settings, Path("/x/w.yaml"), name="h1", concurrency=0)
+    for bad in ("a,b", "", "crit ical", "q\n"):
+        with pytest.raises(ValueError, match="queue"):
+            worker_command(settings, Path("/x/w.yaml"), name="h1", queues=[bad])
 
 
 class _PendingResult:

@@ -43,8 +43,13 @@ def worker_command(
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+    for queue in queues:
+        if not queue or not queue.replace("_", "").replace("-", "").isalnum():
+            raise ValueError(f"queue {queue!r}: letters, digits, _ and - only")
     executable = Path(sys.executable).with_name("dagster-celery")
-    queue_args = [arg for queue in (queues or settings.queues()) for arg in ("-q", queue)]
+    # One comma-separated -q: dagster-celery turns each -q into a -Q of its own, and Celery 5
+    # keeps only the last -Q, so a worker given two would silently serve one.
+    queue_args = ["-q", ",".join(queues or settings.queues())]
     return [
         str(executable) if executable.exists() else "dagster-celery",
         *("worker", "start", "-A", "dagster_celery.app", "-y", str(config_path)),

@@ -92,6 +92,11 @@ class StackSettings:
         ):
             if not isinstance(value, int) or value < 1:
                 raise StackError(f"{label} must be a whole number of at least 1, not {value!r}")
+        if self.lane_slots < 2:
+            raise StackError(
+                "celery_workers x celery_concurrency must be at least 2: transactional and bulk "
+                "lane workers each hold a Celery slot"
+            )
 
     @property
     def lane_slots(self) -> int:
@@ -140,7 +145,7 @@ def drop_databases(settings: StackSettings) -> None:
 
 def _lanes(settings: StackSettings) -> dict[str, dict[str, Any]]:
     # Bulk gets the lane slots transactional does not need; every lane worker has a slot.
-    bulk_workers = max(1, settings.lane_slots - 1)
+    bulk_workers = settings.lane_slots - 1
     lanes: dict[str, dict[str, Any]] = {
         "critical": {"workers": settings.critical_workers},
         "transactional": {"workers": 1},
