@@ -69,9 +69,15 @@ def test_a_second_up_keeps_the_webhook_secret_of_the_first(tmp_path):
     assert stack_env(StackSettings(tmp_path / "other"))[secret] != first[secret]
 
 
-def test_a_password_reaches_the_dagster_storage_as_one_yaml_value(tmp_path):
-    settings = StackSettings(tmp_path, postgres_url="postgresql://app:p%40ss%22w:rd@db:5433/x")
-    storage = yaml.safe_load(_dagster_yaml(settings))["storage"]["postgres"]["postgres_db"]
-    assert storage["password"] == 'p@ss"w:rd'
+@pytest.mark.parametrize(
+    ("quoted", "password"),
+    [("p%40ss%22w:rd", 'p@ss"w:rd'), ("%F0%9F%98%80%C3%A9%0A%23%20x", "\U0001f600\u00e9\n# x")],
+)
+def test_a_password_reaches_the_dagster_storage_as_one_yaml_value(tmp_path, quoted, password):
+    settings = StackSettings(tmp_path, postgres_url=f"postgresql://app:{quoted}@db:5433/x")
+    text = _dagster_yaml(settings)
+    for loader in (yaml.SafeLoader, getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+        storage = yaml.load(text, Loader=loader)["storage"]["postgres"]["postgres_db"]
+        assert storage["password"] == password
     assert (storage["hostname"], storage["port"], storage["username"]) == ("db", 5433, "app")
     assert storage["db_name"] == "email_platform_dagster"

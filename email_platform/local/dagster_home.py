@@ -97,14 +97,12 @@ def render_dagster_yaml(
     """
     bulk_runs = max(1, max_runs // 3) if bulk_runs is None else bulk_runs
     transactional_runs = max(1, max_runs // 2) if transactional_runs is None else transactional_runs
-    storage = (
-        ""
-        if postgres is None
-        # A JSON string is a YAML double-quoted scalar: any password stays one value.
-        else _POSTGRES_STORAGE.format(
-            **{**asdict(postgres), "password": json.dumps(postgres.password)}
-        )
-    )
+    storage = ""
+    if postgres is not None:
+        # A JSON string is a YAML double-quoted scalar: any password stays one value. Non-ASCII
+        # stays as it is: YAML would read JSON's surrogate-pair escapes as two characters.
+        password = json.dumps(postgres.password, ensure_ascii=False)
+        storage = _POSTGRES_STORAGE.format(**{**asdict(postgres), "password": password})
     return _DAGSTER_YAML.format(
         storage=storage,
         max_runs=max_runs,

@@ -222,10 +222,12 @@ def _answers(url: str) -> bool:
         return False
 
 
-def receiver_processes(url: str, attempts: int = 200) -> set[int]:
-    """The receiver processes seen answering ``/health`` on ``url``, one connection each."""
+def receiver_processes(url: str, want: int, timeout_s: float = 60.0) -> set[int]:
+    """The receiver processes seen answering ``/health`` on ``url`` (a connection each), until
+    ``want`` of them have or ``timeout_s`` is up: uvicorn's workers start one by one."""
     seen: set[int] = set()
-    for _ in range(attempts):
+    deadline = time.monotonic() + timeout_s
+    while len(seen) < want and time.monotonic() < deadline:
         try:
             seen.add(int(httpx.get(f"{url}/health", timeout=2.0).json()["process"]))
         except (httpx.HTTPError, ValueError, KeyError):
@@ -242,7 +244,19 @@ def read_state(directory: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _write_private(path: Path, content: str) -> None:
+    """Write ``content`` readable by its owner only (it holds URLs with passwords and the
+    webhook secret), atomically: a killed ``up`` never leaves half a file."""
+    partial = path.with_name(path.name + ".partial")
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(content)
+    os.replace(partial, path)
+
+
 def _group_alive(pid: int) -> bool:
+    if pid <= 0:  # os.killpg(-1 or 0, ...) would mean other groups than the stack's
+        return False
     # A leader that is this process's exited child stays a zombie (and its group "alive")
     # until reaped: reap it first.
     with contextlib.suppress(ChildProcessError):
@@ -264,6 +278,7 @@ def up(settings: StackSettings, echo: Callable[[str], None] = print) -> dict[str
     """Bring the stack up; returns (and writes) its state. Refuses if it is already up."""
     directory = settings.directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
+    directory.chmod(0o700)
     if any(status(directory).values()):
         raise StackError(f"a stack is already up in {directory}: run `email-platform stack down`")
     admin = _admin_url(settings)
@@ -279,11 +294,17 @@ def up(settings: StackSettings, echo: Callable[[str], None] = print) -> dict[str
         engine.dispose()
     home = Path(env["DAGSTER_HOME"])
     home.mkdir(exist_ok=True)
-    (home / "dagster.yaml").write_text(_dagster_yaml(settings))
+    _write_private(home / "dagster.yaml", _dagster_yaml(settings))
     (home / "workspace.yaml").write_text(WORKSPACE_YAML)
-    (directory / ENV_FILE).write_text(
-        "".join(f"export {key}={shlex.quote(value)}\n" for key, value in sorted(env.items()))
+    _write_private(
+        directory / ENV_FILE,
+        "".join(f"export {key}={shlex.quote(value)}\n" for key, value in sorted(env.items())),
     )
+    from dagster import DagsterInstance
+
+    # Heartbeats of an earlier stack's daemon would make this one look ticking at once.
+    with DagsterInstance.from_config(str(home)) as instance:
+        instance.wipe_daemon_heartbeats()
     logs = directory / "logs"
     logs.mkdir(exist_ok=True)
     receiver_url = f"http://127.0.0.1:{settings.receiver_port}"
@@ -303,7 +324,7 @@ def up(settings: StackSettings, echo: Callable[[str], None] = print) -> dict[str
 
     def record(name: str, pid: int) -> None:
         processes[name] = pid
-        _state_path(directory).write_text(json.dumps(state, indent=2))  # down works from here
+        _write_private(_state_path(directory), json.dumps(state, indent=2))  # down works now
 
     try:
         record(
@@ -375,7 +396,7 @@ def up(settings: StackSettings, echo: Callable[[str], None] = print) -> dict[str
         echo("waiting for the sandbox, the receivers, the webserver and the daemon")
         if not wait_for(lambda: _answers(f"{sandbox_url}/_sandbox/stats"), 60, 0.5):
             raise StackError(f"the sandbox did not answer; see {logs / 'sandbox.log'}")
-        seen = receiver_processes(receiver_url)
+        seen = receiver_processes(receiver_url, settings.receivers)
         if len(seen) < settings.receivers:
             raise StackError(
                 f"{len(seen)} of {settings.receivers} receiver processes answered; "
@@ -410,9 +431,15 @@ def down(
         raise StackError(f"no stack in {directory} ({STATE_FILE} not found)")
     processes: dict[str, int] = state["processes"]
     home = directory / "dagster"
-    if drain_s > 0 and _group_alive(processes.get("daemon", -1)):
+    if drain_s > 0 and _group_alive(processes.get("daemon", 0)):
         echo("asking lane workers to hand back what they hold")
-        _drain(home, drain_s)
+        try:
+            _drain(home, drain_s)
+        except Exception as exc:  # stopping must go on whatever the drain met
+            echo(
+                f"could not ask lane workers to stop ({exc.__class__.__name__}: {exc}); "
+                "stopping anyway (their claims are recovered when their leases end)"
+            )
     order = [n for n in _STOP_ORDER if n in processes]
     order[1:1] = sorted(n for n in processes if n.startswith("celery-"))
     stopped: list[str] = []
