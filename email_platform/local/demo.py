@@ -174,7 +174,8 @@ def publish_demo_events(
         for i in range(digests):
             user_id = f"{tag}-u{i % max(1, signups)}"
             # A few digests are only worth sending within seconds: they expire in the queue.
-            expires = now + timedelta(seconds=2) if i < 3 else None
+            # From their own publish: the signups before them may take longer than that.
+            expires = utcnow() + timedelta(seconds=2) if i < 3 else None
             event_ids.append(
                 publish(
                     connection,
