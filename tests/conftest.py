@@ -7,7 +7,6 @@ a migrated template (the procrastinate pattern), or a fresh SQLite file.
 """
 
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from sqlalchemy.engine import URL, make_url
 
 from email_platform.db.engine import make_engine, upgrade
 from email_platform.sandbox.server import SandboxConfig, SandboxServer
+from tests.support import fresh_pg_database
 
 BACKENDS = ["sqlite", "postgresql"]
 TEMPLATE_DB = f"ep_template_{os.getpid()}"
@@ -82,14 +82,8 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
         return
     admin_url: URL = request.getfixturevalue("postgres_admin_url")
     template: str = request.getfixturevalue("postgres_template")
-    name = f"ep_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
-    yield admin_url.set(database=name).render_as_string(hide_password=False)
-    with admin.connect() as connection:
-        connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    with fresh_pg_database(admin_url, "ep_test", template) as url:
+        yield url.render_as_string(hide_password=False)
 
 
 @pytest.fixture

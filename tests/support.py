@@ -1,14 +1,17 @@
 """Helpers shared by the storage tests: publish events, run the real send job, read state."""
 
+import contextlib
 import json
+import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 from dagster import DagsterEventType, DagsterInstance, ExecuteInProcessResult
-from sqlalchemy import Column, Engine, MetaData, String, Table, insert, select
+from sqlalchemy import Column, Engine, MetaData, String, Table, create_engine, insert, select, text
+from sqlalchemy.engine import URL
 
 from email_platform import publish
 from email_platform.db.schema import dead_letters, email_attempts, email_messages, email_outbox
@@ -33,6 +36,22 @@ def batch_sender(engine: Engine, provider: EmailProvider, lane: LaneConfig) -> B
     return build_sender(
         engine=engine, provider=provider, lane=lane, sender_address="Example <no-reply@example.com>"
     )
+
+
+@contextlib.contextmanager
+def fresh_pg_database(admin_url: URL, prefix: str, template: str | None = None) -> Iterator[URL]:
+    """A new PostgreSQL database (a copy of ``template`` if given), dropped afterwards."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    copy = f' TEMPLATE "{template}"' if template else ""
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"{copy}'))
+    try:
+        yield admin_url.set(database=name)
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
 
 
 product = MetaData()

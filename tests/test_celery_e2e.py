@@ -5,14 +5,12 @@ processes, the sandbox over HTTP. One worker is killed mid-drain, as a host that
 
 import json
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
-from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL
 
 from email_platform.db.engine import make_engine
@@ -27,6 +25,7 @@ from email_platform.local.dagster_home import (
 from email_platform.sandbox.server import SandboxConfig, SandboxServer
 from tests.support import (
     celery_workers_by_lane,
+    fresh_pg_database,
     outbox_statuses,
     publish_across_lanes,
     sandbox_messages,
@@ -45,37 +44,25 @@ LANES = {
 
 @pytest.fixture
 def pg_app_url(postgres_admin_url: URL, postgres_template: str) -> Iterator[str]:
-    name = f"ep_celery_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(postgres_admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{postgres_template}"'))
-    yield postgres_admin_url.set(database=name).render_as_string(hide_password=False)
-    with admin.connect() as connection:
-        connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    with fresh_pg_database(postgres_admin_url, "ep_celery", postgres_template) as url:
+        yield url.render_as_string(hide_password=False)
 
 
 @pytest.fixture
 def pg_dagster_home(postgres_admin_url: URL, tmp_path: Path) -> Iterator[Path]:
     """A DAGSTER_HOME whose run, event-log and schedule storage is a fresh PostgreSQL database."""
-    name = f"ep_dagster_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(postgres_admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
     home = tmp_path / "dagster"
     home.mkdir()
-    storage = PostgresStorage(
-        hostname=postgres_admin_url.host or "127.0.0.1",
-        port=postgres_admin_url.port or 5432,
-        db_name=name,
-        username=postgres_admin_url.username or "postgres",
-    )
-    (home / "dagster.yaml").write_text(render_dagster_yaml(max_runs=8, postgres=storage))
-    (home / "workspace.yaml").write_text(WORKSPACE_YAML)
-    yield home
-    with admin.connect() as connection:
-        connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    with fresh_pg_database(postgres_admin_url, "ep_dagster") as url:
+        storage = PostgresStorage(
+            hostname=url.host or "127.0.0.1",
+            port=url.port or 5432,
+            db_name=url.database or "",
+            username=url.username or "postgres",
+        )
+        (home / "dagster.yaml").write_text(render_dagster_yaml(max_runs=8, postgres=storage))
+        (home / "workspace.yaml").write_text(WORKSPACE_YAML)
+        yield home
 
 
 @pytest.mark.timeout(720)

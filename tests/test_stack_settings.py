@@ -21,6 +21,12 @@ from email_platform.local.stack import StackError, StackSettings, _dagster_yaml,
         ({"celery_concurrency": 0}, "celery_concurrency"),
         ({"critical_workers": 0}, "critical_workers"),
         ({"celery_workers": 1, "celery_concurrency": 1}, "at least 2"),
+        ({"receiver_port": 70000}, "receiver_port"),
+        ({"sandbox_port": 0}, "sandbox_port"),
+        ({"sandbox_latency_ms": float("nan")}, "sandbox_latency_ms"),
+        ({"sandbox_latency_ms": 1e308}, "sandbox_latency_ms"),
+        ({"broker": "redis://h:6379/0'\nimport os"}, "CELERY_BROKER"),
+        ({"broker": "redis://h/0\u2028x"}, "CELERY_BROKER"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_field(tmp_path, changes, named):

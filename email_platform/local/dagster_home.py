@@ -174,40 +174,6 @@ class DaemonProcess:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def wait_for_runs_to_finish(self, timeout_s: float = 60.0) -> bool:
-        """Block until no run is starting, started or canceling.
-
-        Run workers live in the daemon's process group, so stopping the daemon ends them too; a
-        run killed while writing its last events would stay STARTED in the UI.
-        """
-        from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
-
-        in_flight = [
-            DagsterRunStatus.STARTING,
-            DagsterRunStatus.STARTED,
-            DagsterRunStatus.CANCELING,
-        ]
-
-        def settled() -> bool:
-            with DagsterInstance.from_config(str(self.home)) as instance:
-                return not instance.get_run_ids(RunsFilter(statuses=in_flight), limit=1)
-
-        return wait_for(settled, timeout_s, interval_s=0.5)
-
-    def end_lane_workers(self) -> int:
-        """Ask every unfinished lane-worker run to end; returns how many are unfinished.
-
-        Workers otherwise stay until their idle time is up. Each is tagged ``STOP_TAG``: it
-        sees its batch in flight through, gives back what it holds (idempotency keys kept) and
-        ends as a success, where a terminate would show a canceled run in the UI.
-        """
-        from dagster import DagsterInstance
-
-        from email_platform.sensors.runs import stop_lane_workers
-
-        with DagsterInstance.from_config(str(self.home)) as instance:
-            return stop_lane_workers(instance)
-
     def stop(self, timeout_s: float = 30.0, drain_s: float = 0.0) -> None:
         """Stop the daemon, first giving in-flight runs up to ``drain_s`` seconds to finish.
 
@@ -216,12 +182,7 @@ class DaemonProcess:
         if self.process is None:
             return
         if drain_s > 0 and self.alive():
-            deadline = time.monotonic() + drain_s
-            # The sensors still tick: one may start a worker for claims a stopped one gave
-            # back. Stop until none is left (it converges once nothing is due).
-            while self.end_lane_workers() and time.monotonic() < deadline:
-                self.wait_for_runs_to_finish(min(10.0, max(0.0, deadline - time.monotonic())))
-            self.wait_for_runs_to_finish(max(0.0, deadline - time.monotonic()))
+            drain_lane_workers(self.home, drain_s)
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -247,6 +208,48 @@ class DaemonProcess:
     ) -> None:
         # On success let running runs end cleanly; on an error, stop at once.
         self.stop(drain_s=60.0 if exc_type is None else 0.0)
+
+
+def wait_for_runs_to_finish(home: Path, timeout_s: float = 60.0) -> bool:
+    """Block until no run of ``home``'s instance is starting, started or canceling.
+
+    Run workers live in the daemon's process group, so stopping the daemon ends them too; a
+    run killed while writing its last events would stay STARTED in the UI.
+    """
+    from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+
+    in_flight = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
+
+    def settled() -> bool:
+        with DagsterInstance.from_config(str(home)) as instance:
+            return not instance.get_run_ids(RunsFilter(statuses=in_flight), limit=1)
+
+    return wait_for(settled, timeout_s, interval_s=0.5)
+
+
+def end_lane_workers(home: Path) -> int:
+    """Ask every unfinished lane-worker run to end; returns how many are unfinished.
+
+    Workers otherwise stay until their idle time is up. Each is tagged ``STOP_TAG``: it sees
+    its batch in flight through, gives back what it holds (idempotency keys kept) and ends as a
+    success, where a terminate would show a canceled run in the UI.
+    """
+    from dagster import DagsterInstance
+
+    from email_platform.sensors.runs import stop_lane_workers
+
+    with DagsterInstance.from_config(str(home)) as instance:
+        return stop_lane_workers(instance)
+
+
+def drain_lane_workers(home: Path, drain_s: float) -> None:
+    """Give in-flight runs up to ``drain_s`` seconds to finish, lane workers asked to end first."""
+    deadline = time.monotonic() + drain_s
+    # The sensors still tick: one may start a worker for claims a stopped one gave back. Stop
+    # until none is left (it converges once nothing is due).
+    while end_lane_workers(home) and time.monotonic() < deadline:
+        wait_for_runs_to_finish(home, min(10.0, max(0.0, deadline - time.monotonic())))
+    wait_for_runs_to_finish(home, max(0.0, deadline - time.monotonic()))
 
 
 def wait_for(predicate, timeout_s: float, interval_s: float = 0.5) -> bool:  # type: ignore[no-untyped-def]

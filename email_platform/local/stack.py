@@ -38,11 +38,13 @@ import httpx
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL, make_url
 
+from email_platform import config
 from email_platform.local.celery_worker import CeleryWorkerProcess
 from email_platform.local.dagster_home import (
     WORKSPACE_YAML,
     DaemonProcess,
     PostgresStorage,
+    drain_lane_workers,
     render_dagster_yaml,
     wait_for,
 )
@@ -92,6 +94,23 @@ class StackSettings:
         ):
             if not isinstance(value, int) or value < 1:
                 raise StackError(f"{label} must be a whole number of at least 1, not {value!r}")
+        for label, port in (
+            ("receiver_port", self.receiver_port),
+            ("webserver_port", self.webserver_port),
+            ("sandbox_port", self.sandbox_port),
+        ):
+            if not 1 <= port <= 65535:
+                raise StackError(f"{label} must be 1 to 65535, not {port!r}")
+        if not 0 <= self.sandbox_latency_ms <= 60_000:  # also refuses NaN
+            raise StackError(
+                f"sandbox_latency_ms must be 0 to 60000, not {self.sandbox_latency_ms}"
+            )
+        from email_platform.errors import ConfigurationError
+
+        try:  # the Celery workers would refuse it later, with a traceback
+            config.executor_settings({config.PREFIX + "CELERY_BROKER": self.broker})
+        except ConfigurationError as exc:
+            raise StackError(str(exc)) from None
         if self.lane_slots < 2:
             raise StackError(
                 "celery_workers x celery_concurrency must be at least 2: transactional and bulk "
@@ -434,7 +453,7 @@ def down(
     if drain_s > 0 and _group_alive(processes.get("daemon", 0)):
         echo("asking lane workers to hand back what they hold")
         try:
-            _drain(home, drain_s)
+            drain_lane_workers(home, drain_s)
         except Exception as exc:  # stopping must go on whatever the drain met
             echo(
                 f"could not ask lane workers to stop ({exc.__class__.__name__}: {exc}); "
@@ -456,23 +475,6 @@ def down(
         echo(f"dropped databases {state['name']} and {state['name']}_dagster")
     _state_path(directory).unlink()
     return stopped
-
-
-def _drain(home: Path, drain_s: float) -> None:
-    from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
-
-    from email_platform.sensors.runs import stop_lane_workers
-
-    in_flight = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
-    deadline = time.monotonic() + drain_s
-    with DagsterInstance.from_config(str(home)) as instance:
-        while time.monotonic() < deadline and stop_lane_workers(instance):
-            time.sleep(1.0)
-
-        def settled() -> bool:
-            return not instance.get_run_ids(RunsFilter(statuses=in_flight), limit=1)
-
-        wait_for(settled, max(0.0, deadline - time.monotonic()), 0.5)
 
 
 def _end_group(pid: int, timeout_s: float = 20.0) -> None:
