@@ -128,9 +128,11 @@ def test_claim_of_a_dead_run_is_recovered_after_its_lease(engine, database_url, 
     with build_sensor_context(resources=resources) as context:
         (request,) = sensor(context).run_requests
     assert request.run_key == event_id
-    # The run claims the event and its worker dies (no failure event, nothing released).
+    # The run claims the event and its worker dies (no failure event, nothing released). The
+    # lease outlasts the two checks below even on a loaded machine (1 s did not, in CI).
+    claimed_at = utcnow()
     with engine.begin() as connection:
-        claimed = outbox.claim(connection, [event_id], run_id="dead-run", lease_s=1, now=utcnow())
+        claimed = outbox.claim(connection, [event_id], run_id="dead-run", lease_s=8, now=claimed_at)
     assert [c.event_id for c in claimed] == [event_id]
     with build_sensor_context(resources=resources) as context:
         # Held: a claim whose lease is still running is respected by the sensor ...
@@ -138,7 +140,8 @@ def test_claim_of_a_dead_run_is_recovered_after_its_lease(engine, database_url, 
     # ... and by any other run, which claims nothing and sends nothing.
     assert run_send(database_url, sandbox.base_url, "transactional", [event_id]).success
     assert sandbox_messages(sandbox.base_url) == []
-    time.sleep(1.2)
+    assert utcnow() < claimed_at + timedelta(seconds=8), "the checks above outlasted the lease"
+    time.sleep(max(0.0, (claimed_at + timedelta(seconds=8.2) - utcnow()).total_seconds()))
     with build_sensor_context(resources=resources) as context:
         (again,) = sensor(context).run_requests
     assert again.run_key == f"{event_id}:r1"  # a fresh key: Dagster never relaunches a seen one
