@@ -737,5 +737,17 @@ def demo(
     )
 
 
+def _add_command_groups() -> None:
+    from email_platform.cli_lanes import lanes
+    from email_platform.cli_metrics import metrics
+    from email_platform.cli_retention import retention
+
+    for group in (lanes, metrics, retention):
+        main.add_command(group)
+
+
+_add_command_groups()
+
+
 if __name__ == "__main__":
     main()

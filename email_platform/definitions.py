@@ -12,7 +12,9 @@ from email_platform.resources import (
     Warehouse,
 )
 from email_platform.sensors.analytics import analytics_sensors
+from email_platform.sensors.brakes import brake_sensors
 from email_platform.sensors.outbox import outbox_sensors
+from email_platform.sensors.retention import retention_jobs, retention_schedules
 from email_platform.sensors.run_failure import email_run_failure_sensor
 from email_platform.sensors.webhooks import webhook_inbox_sensor
 
@@ -27,13 +29,15 @@ def build_definitions(
 ) -> Definitions:
     """Definitions with the given resources; defaults read ``EMAIL_PLATFORM_*`` at run time."""
     return Definitions(
-        jobs=[send_email_job, lane_worker_job, ingest_webhooks_job],
+        jobs=[send_email_job, lane_worker_job, ingest_webhooks_job, *retention_jobs],
         sensors=[
             *outbox_sensors,
             webhook_inbox_sensor,
             email_run_failure_sensor,
             *analytics_sensors,
+            *brake_sensors,
         ],
+        schedules=retention_schedules,
         assets=analytics_assets,
         # Asset runs execute their steps in the run's own process. The multiprocess default
         # starts one more Python process per asset and per check (about a CPU-second each,
