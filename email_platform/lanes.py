@@ -56,6 +56,9 @@ class LaneConfig:
     #: worker the lane's workers do not end for being idle (only at their lifetime, with a
     #: successor). 0 to ``workers``.
     warm_workers: int = 0
+    #: How old the lane's oldest due event may get before the lane counts as late: what alerts
+    #: and the latency test hold the lane to.
+    target_s: float = 300.0
 
 
 DEFAULT_LANE_CONFIGS: dict[Lane, LaneConfig] = {
@@ -73,6 +76,7 @@ DEFAULT_LANE_CONFIGS: dict[Lane, LaneConfig] = {
         run_priority=10,
         worker_poll_s=0.2,
         worker_idle_s=600,
+        target_s=30.0,
     ),
     Lane.TRANSACTIONAL: LaneConfig(
         lane=Lane.TRANSACTIONAL,
@@ -103,6 +107,7 @@ DEFAULT_LANE_CONFIGS: dict[Lane, LaneConfig] = {
         run_priority=0,
         worker_poll_s=1.0,
         worker_idle_s=60,
+        target_s=3600.0,
     ),
 }
 
