@@ -63,6 +63,25 @@ def test_the_webserver_serves_the_code_location_runs_and_asset_metadata(tmp_path
         repository = defs.get_repository_def()
         assert served["sensors"] == sorted(sensor.name for sensor in repository.sensor_defs)
 
+        # Every definition the UI lists explains itself, with the text the code gives it.
+        described = webserver.descriptions()
+        assert described["sensors"] == {s.name: s.description for s in repository.sensor_defs}
+        assert described["schedules"] == {s.name: s.description for s in repository.schedule_defs}
+        jobs = {j.name: j.description for j in repository.get_all_jobs()}
+        assert {name: jobs[name] for name in described["jobs"]} == described["jobs"]
+        assets = defs.resolve_asset_graph()
+        assert described["assets"] == {
+            key.to_user_string(): assets.get(key).description for key in assets.get_all_asset_keys()
+        }
+        assert described["checks"] == {
+            f"{key.asset_key.to_user_string()}:{key.name}": assets.get(key).description
+            for key in assets.asset_check_keys
+        }
+        for kind, texts in described.items():
+            assert all(text and len(text) > 20 for text in texts.values()), (kind, texts)
+        assert {"email_funnel", "stg_sends", "email_outbox"} <= set(described["assets"])
+        assert "email_funnel:one_row_per_message" in described["checks"]
+
         runs = {run["runId"]: run for run in webserver.runs()}
         probe = runs[run_id]
         assert probe["jobName"] == "probe_job"

@@ -37,6 +37,24 @@ query Location { workspaceOrError {
 } }
 """
 
+_DESCRIPTIONS_QUERY = """
+query Descriptions { workspaceOrError {
+  __typename
+  ... on Workspace { locationEntries { locationOrLoadError {
+    __typename
+    ... on PythonError { message }
+    ... on RepositoryLocation { repositories {
+      jobs { name description } sensors { name description } schedules { name description }
+      assetNodes { assetKey { path } description assetChecksOrError {
+        __typename
+        ... on AssetChecks { checks { name description } }
+      } }
+    } }
+  } } }
+  ... on PythonError { message }
+} }
+"""
+
 _RUNS_QUERY = """
 query Runs($filter: RunsFilter, $limit: Int) { runsOrError(filter: $filter, limit: $limit) {
   __typename
@@ -262,6 +280,31 @@ class WebserverProcess:
                         if not item["name"].startswith("__")
                     )
         return {kind: sorted(names) for kind, names in found.items()}
+
+    def descriptions(self) -> dict[str, dict[str, str | None]]:
+        """What the UI shows beside each job, sensor, schedule, asset and asset check.
+
+        Keyed by kind, then by name (an asset by its slash-joined key, a check as
+        ``asset:check``); Dagster's hidden asset jobs are left out.
+        """
+        workspace = _ok(self.graphql(_DESCRIPTIONS_QUERY)["workspaceOrError"], "Workspace")
+        found: dict[str, dict[str, str | None]] = {
+            kind: {} for kind in ("jobs", "sensors", "schedules", "assets", "checks")
+        }
+        for entry in workspace["locationEntries"]:
+            location = _ok(entry["locationOrLoadError"], "RepositoryLocation")
+            for repository in location["repositories"]:
+                for kind in ("jobs", "sensors", "schedules"):
+                    for item in repository[kind]:
+                        if not item["name"].startswith("__"):
+                            found[kind][item["name"]] = item["description"]
+                for node in repository["assetNodes"]:
+                    key = "/".join(node["assetKey"]["path"])
+                    found["assets"][key] = node["description"]
+                    checks = node["assetChecksOrError"]
+                    for check in checks.get("checks", []) if checks else []:
+                        found["checks"][f"{key}:{check['name']}"] = check["description"]
+        return found
 
     def runs(self, job_name: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         """Newest first: runId, jobName, status, tags (as a dict) and times (epoch seconds)."""
