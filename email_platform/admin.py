@@ -5,7 +5,7 @@ Plain functions over the repositories; the CLI formats what they return.
 """
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,15 +15,22 @@ from email_platform.lanes import LANES
 from email_platform.store import attempts, dead_letters, email_events, messages, outbox
 from email_platform.timeutil import as_utc, isoformat, utcnow
 
+#: The percentiles of ``status``'s publish-to-accepted latency.
+LATENCY_PERCENTILES = (50, 95, 99)
 
-def status(engine: Engine, now: datetime | None = None) -> dict[str, Any]:
-    """The ``email-platform status --json`` object (docs/design.md)."""
+
+def status(
+    engine: Engine, now: datetime | None = None, *, latency_minutes: int = 15
+) -> dict[str, Any]:
+    """The ``email-platform status --json`` object (docs/design.md, docs/metrics.md)."""
     now = now or utcnow()
+    since = now - timedelta(minutes=latency_minutes)
     with engine.connect() as connection:
         events = outbox.counts_by_status(connection)
         message_counts = messages.counts_by_status(connection)
         backlog = outbox.lane_backlog(connection)
         by_reason = dead_letters.open_by_reason(connection)
+        latency = messages.accepted_latency_percentiles(connection, since, LATENCY_PERCENTILES)
     lanes: dict[str, dict[str, Any]] = {}
     for lane in LANES:
         depth, oldest = backlog.get(lane.value, (0, None))
@@ -37,7 +44,21 @@ def status(engine: Engine, now: datetime | None = None) -> dict[str, Any]:
         "messages": message_counts,
         "lanes": lanes,
         "dead_letters": {"open": sum(by_reason.values()), "by_reason": by_reason},
+        "latency": _latency_report(latency, latency_minutes),
     }
+
+
+def _latency_report(found: dict[str, tuple[int, dict[int, float]]], minutes: int) -> dict[str, Any]:
+    """Per lane: messages accepted in the window and their publish-to-accepted percentiles in
+    seconds (None without any)."""
+    lanes: dict[str, dict[str, Any]] = {}
+    known = [lane.value for lane in LANES]
+    for lane in [*known, *sorted(set(found) - set(known))]:
+        accepted, values = found.get(lane, (0, {}))
+        lanes[lane] = {"accepted": accepted} | {
+            f"p{p}_s": round(values[p], 3) if p in values else None for p in LATENCY_PERCENTILES
+        }
+    return {"window_minutes": minutes, "lanes": lanes}
 
 
 def _row(row: Row | None) -> dict[str, Any] | None:

@@ -60,11 +60,19 @@ def db_upgrade(url: str | None, revision: str) -> None:
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--url", help="SQLAlchemy URL of the application database.")
-def status(as_json: bool, url: str | None) -> None:
-    """Queue depth and oldest age per lane, message outcomes, open dead letters."""
+@click.option(
+    "--latency-minutes",
+    default=15,
+    show_default=True,
+    type=click.IntRange(1, 24 * 60),
+    help="Window of the publish-to-accepted percentiles.",
+)
+def status(as_json: bool, url: str | None, latency_minutes: int) -> None:
+    """Queue depth and oldest age per lane, message outcomes, open dead letters, and
+    publish-to-accepted latency p50/p95/p99 per lane over the last minutes."""
     from email_platform.admin import status as read_status
 
-    report = read_status(_engine(url))
+    report = read_status(_engine(url), latency_minutes=latency_minutes)
     if as_json:
         _print_json(report)
         return
@@ -82,6 +90,13 @@ def status(as_json: bool, url: str | None) -> None:
         f"dead letters open={dl['open']} "
         + " ".join(f"{k}={v}" for k, v in sorted(dl["by_reason"].items()))
     )
+    window = report["latency"]["window_minutes"]
+    for lane, info in report["latency"]["lanes"].items():
+        shown = "  ".join(
+            f"{p}={'-' if info[f'{p}_s'] is None else format(info[f'{p}_s'], '.2f')}"
+            for p in ("p50", "p95", "p99")
+        )
+        click.echo(f"latency {lane:<13} accepted={info['accepted']:<6} {shown} (last {window} min)")
 
 
 @main.command()
@@ -320,29 +335,51 @@ def _with_selectors(function):  # type: ignore[no-untyped-def]
     show_default=True,
     help="open, replayed, discarded, expired, suppressed or 'any'.",
 )
-@click.option("--reason")
+@click.option("--reason", help="Only dead letters with this reason.")
+@click.option("--lane", help="Only this lane.")
 @click.option("--limit", type=int, default=100, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
-@click.option("--url")
-def dlq_list(status_: str, reason: str | None, limit: int, as_json: bool, url: str | None) -> None:
-    """List dead letters, oldest first."""
-    from email_platform.admin import _row
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON array.")
+@click.option("--url", help="SQLAlchemy URL of the application database.")
+def dlq_list(
+    status_: str, reason: str | None, lane: str | None, limit: int, as_json: bool, url: str | None
+) -> None:
+    """List dead letters, oldest first: the error, the attempts, and what the mail was.
+
+    Each shows its template (or event type), lane and recipient masked (j***@example.com):
+    addresses never appear, in the error text neither. 'past expiry' marks an open letter
+    whose message can no longer be sent; `retention purge` or `dlq replay` closes it.
+    """
     from email_platform.store import dead_letters
+    from email_platform.timeutil import utcnow
 
     with _engine(url).connect() as connection:
-        rows = dead_letters.list_letters(
-            connection, status=None if status_ == "any" else status_, reason=reason, limit=limit
+        rows = dead_letters.inbox(
+            connection,
+            status=None if status_ == "any" else status_,
+            reason=reason,
+            lane=lane,
+            limit=limit,
         )
+    now = utcnow()
+    letters = [dead_letters.summary(row, now) for row in rows]
     if as_json:
-        _print_json([_row(r) for r in rows])
+        _print_json(letters)
         return
-    if not rows:
+    if not letters:
         click.echo("no dead letters")
-    for r in rows:
+    for d in letters:
+        what = d["template"] or "(no message)"
+        if d["event_type"]:
+            what += f" for {d['event_type']}"
+        expiry = f"  expires {d['expires_at']}" if d["expires_at"] else ""
+        if d["past_expiry"]:
+            expiry += " (past expiry)"
         click.echo(
-            f"{r.dead_letter_id:>6}  {r.status:<9} {r.lane:<13} {r.reason:<20} "
-            f"event={r.event_id} message={r.message_id} attempts={r.attempts} "
-            f"run={r.run_id}\n        {r.last_error}"
+            f"{d['dead_letter_id']:>6}  {d['status']:<9} {d['lane']:<13} {d['reason']:<20} "
+            f"attempts={d['attempts']} event={d['event_id']} message={d['message_id']} "
+            f"run={d['run_id']}\n"
+            f"        {what} to {d['recipient'] or '-'}{expiry}\n"
+            f"        error: {d['error'] or '-'}"
         )
 
 
@@ -369,11 +406,26 @@ def dlq_replay(
     'expired'. The dead letter is marked replayed when its message is sent.
     """
     from email_platform.admin import requeue_dead_letters
+    from email_platform.retention import expire_dead_letters
+    from email_platform.store import dead_letters
 
     engine, letters = _selection(ids, reason, lane, event, everything, url)
     if not letters:
         click.echo("no open dead letters matched")
         return
+    # Past its expiry a message is never sent: close those letters now, as the send path
+    # would, instead of requeueing mail that can only expire.
+    expired = expire_dead_letters(engine, dead_letter_ids=[d.dead_letter_id for d in letters])
+    if expired:
+        click.echo(f"{expired} dead letter(s) past their expiry marked expired, not replayed")
+        with engine.connect() as connection:
+            letters = [
+                d
+                for d in dead_letters.for_ids(connection, [d.dead_letter_id for d in letters])
+                if d.status == dead_letters.OPEN
+            ]
+        if not letters:
+            return
     event_ids = requeue_dead_letters(engine, letters)
     click.echo(f"requeued {len(event_ids)} event(s) for {len(letters)} dead letter(s)")
     if inline:

@@ -1,8 +1,61 @@
-"""``email-platform metrics``: the Prometheus endpoint as a command of its own."""
+"""``email-platform metrics``: the Prometheus endpoint as a command of its own.
+
+Served by uvicorn and Starlette, not prometheus_client's own HTTP server: the same endpoint
+function is what the webhook receiver mounts, and uvicorn here gets the receiver's bounds on
+header size, header count and read time (``webhooks.serving``), which the library's
+``http.server`` has none of.
+"""
 
 import click
+
+from email_platform import config
+
+
+def _migrated_engine(url: str | None):  # type: ignore[no-untyped-def]
+    """The application database, refused (saying why) if unreachable or never migrated."""
+    from email_platform.db.engine import current_revision, make_engine
+
+    engine = make_engine(url or config.database_url())
+    try:
+        revision = current_revision(engine)
+    except Exception as exc:  # unreachable server, bad credentials: say which database
+        raise click.ClickException(
+            f"cannot open {engine.url.render_as_string()}: {exc.__class__.__name__}: {exc}"
+        ) from None
+    if revision is None:
+        raise click.ClickException(
+            f"{engine.url.render_as_string()} has no email_platform schema; "
+            "run `email-platform db upgrade` first"
+        )
+    return engine
 
 
 @click.group()
 def metrics() -> None:
     """Prometheus metrics from the operational tables."""
+
+
+@metrics.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=9108, show_default=True, type=click.IntRange(1, 65535))
+@click.option(
+    "--latency-window-minutes",
+    default=15,
+    show_default=True,
+    type=click.IntRange(1, 24 * 60),
+    help="Messages accepted this recently make up the latency histogram.",
+)
+@click.option("--url", help="SQLAlchemy URL of the application database.")
+def serve(host: str, port: int, latency_window_minutes: int, url: str | None) -> None:
+    """Serve GET /metrics (Prometheus text format, or OpenMetrics if asked) until stopped."""
+    import uvicorn
+
+    from email_platform.metrics import create_metrics_app
+    from email_platform.webhooks.serving import uvicorn_options
+
+    engine = _migrated_engine(url)  # refuse an unmigrated database before binding the port
+    app = create_metrics_app(engine, latency_window_s=latency_window_minutes * 60.0)
+    click.echo(f"metrics on http://{host}:{port}/metrics", err=True)
+    uvicorn.run(
+        app, host=host, port=port, log_level="warning", access_log=False, **uvicorn_options()
+    )

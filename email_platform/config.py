@@ -208,3 +208,229 @@ def _celery_url(values: Mapping[str, str], name: str) -> str | None:
             f"{name} must be a URL without quotes, backslashes, spaces or line breaks"
         )
     return url
+
+
+#: How long a one-click unsubscribe link works, unless ``EMAIL_PLATFORM_UNSUBSCRIBE_TTL_DAYS``.
+UNSUBSCRIBE_TTL_DAYS = 60.0
+
+
+@dataclass(frozen=True)
+class UnsubscribeSettings:
+    """One-click unsubscribe (RFC 8058): what signs the links and where they point.
+
+    ``secret`` signs new links; ``old_secret`` still verifies links signed before a rotation.
+    ``base_url`` is the public address of the webhook receiver (``https://mail.example.com``).
+    ``mailto`` is the address of the ``mailto:`` alternative: ``None`` for
+    ``unsubscribe@<sender domain>``, ``""`` for none at all. Bulk mail carries no
+    ``List-Unsubscribe`` header while ``secret`` or ``base_url`` is unset.
+    """
+
+    secret: str | None = None
+    old_secret: str | None = None
+    base_url: str | None = None
+    mailto: str | None = None
+    ttl_s: float = UNSUBSCRIBE_TTL_DAYS * 86400
+
+
+def unsubscribe_settings(env: Mapping[str, str] | None = None) -> UnsubscribeSettings:
+    """``EMAIL_PLATFORM_UNSUBSCRIBE_SECRET``, ``_UNSUBSCRIBE_OLD_SECRET``,
+    ``_UNSUBSCRIBE_BASE_URL``, ``_UNSUBSCRIBE_MAILTO`` (an address, or ``none``) and
+    ``_UNSUBSCRIBE_TTL_DAYS`` (default 60). A TTL that is not a positive number raises."""
+    values = _env(env)
+    raw_ttl = values.get(PREFIX + "UNSUBSCRIBE_TTL_DAYS", "") or str(UNSUBSCRIBE_TTL_DAYS)
+    try:
+        days = float(raw_ttl)
+    except ValueError:
+        days = -1.0
+    if not (days > 0 and math.isfinite(days) and days <= 3650):
+        raise ValueError(
+            f"{PREFIX}UNSUBSCRIBE_TTL_DAYS must be a number of days in (0, 3650], got {raw_ttl!r}"
+        )
+    mailto = values.get(PREFIX + "UNSUBSCRIBE_MAILTO")
+    if mailto is not None:
+        mailto = "" if mailto.strip().lower() in ("none", "off", "") else mailto.strip()
+        mailto = mailto or (None if not values.get(PREFIX + "UNSUBSCRIBE_MAILTO") else "")
+    return UnsubscribeSettings(
+        secret=values.get(PREFIX + "UNSUBSCRIBE_SECRET") or None,
+        old_secret=values.get(PREFIX + "UNSUBSCRIBE_OLD_SECRET") or None,
+        base_url=(values.get(PREFIX + "UNSUBSCRIBE_BASE_URL") or "").strip() or None,
+        mailto=mailto,
+        ttl_s=days * 86400,
+    )
+
+
+def brake_settings(env: Mapping[str, str] | None = None) -> dict[str, float]:
+    """The bulk lane's brakes (docs/lanes.md): ``EMAIL_PLATFORM_BRAKES`` (``off`` turns them
+    off), ``_BRAKE_MIN_MESSAGES`` (200), ``_BRAKE_HARD_BOUNCE_RATE`` (0.05),
+    ``_BRAKE_COMPLAINT_RATE`` (0.003) and ``_BRAKE_WINDOW_S`` (3600). A value that is not a
+    number in range raises ``ValueError`` naming the variable."""
+    values = _env(env)
+    limits = {
+        "BRAKE_MIN_MESSAGES": (200.0, 1.0, 1e9),
+        "BRAKE_HARD_BOUNCE_RATE": (0.05, 0.0, 1.0),
+        "BRAKE_COMPLAINT_RATE": (0.003, 0.0, 1.0),
+        "BRAKE_WINDOW_S": (3600.0, 60.0, 30 * 86400.0),
+    }
+    settings: dict[str, float] = {}
+    for name, (default, low, high) in limits.items():
+        raw = (values.get(PREFIX + name) or "").strip() or str(default)
+        try:
+            number = float(raw)
+        except ValueError:
+            number = math.nan
+        if not (math.isfinite(number) and low <= number <= high):
+            raise ValueError(f"{PREFIX}{name} must be a number in [{low:g}, {high:g}], got {raw!r}")
+        settings[name.removeprefix("BRAKE_").lower()] = number
+    switch = (values.get(PREFIX + "BRAKES") or "on").strip().lower()
+    if switch not in ("on", "off", "true", "false", "1", "0"):
+        raise ValueError(f"{PREFIX}BRAKES must be on or off, got {switch!r}")
+    settings["enabled"] = 1.0 if switch in ("on", "true", "1") else 0.0
+    return settings
+
+
+@dataclass(frozen=True)
+class RetentionSettings:
+    """How long finished operational rows stay before the retention purge deletes them.
+
+    Days count from when a row finished: an event's ``done_at``, a dead letter's
+    ``resolved_at``, a webhook's ``received_at``, a Dagster run's last update. Nothing in
+    flight, pending or open is ever old enough.
+    """
+
+    #: Done outbox events, with their messages, attempts and provider events.
+    events_days: int = 90
+    #: Processed raw webhooks (``EMAIL_PLATFORM_WEBHOOK_RETENTION_DAYS``, shared with the
+    #: ingestion run's own purge).
+    webhook_inbox_days: int = 90
+    #: Resolved dead letters (replayed, discarded, expired, suppressed).
+    dead_letters_days: int = 180
+    #: Finished Dagster runs and their event logs.
+    dagster_runs_days: int = 30
+    #: Events whose message holds a route's dedupe key ("one welcome per user"): None keeps
+    #: them for good, so the key keeps deduplicating after the rest is purged.
+    dedupe_days: int | None = None
+    #: Rows per delete transaction: no purge holds a long lock, however much is due.
+    batch_size: int = 5000
+    #: Dagster runs deleted per purge run at most.
+    dagster_runs_per_purge: int = 5000
+
+
+def retention_settings(env: Mapping[str, str] | None = None) -> RetentionSettings:
+    """``EMAIL_PLATFORM_EVENT_RETENTION_DAYS``, ``_WEBHOOK_RETENTION_DAYS``,
+    ``_DEAD_LETTER_RETENTION_DAYS``, ``_DAGSTER_RUN_RETENTION_DAYS``,
+    ``_DEDUPE_RETENTION_DAYS`` (unset: kept), ``_RETENTION_BATCH_SIZE`` and
+    ``_DAGSTER_RUN_PURGE_LIMIT``."""
+    values = _env(env)
+    defaults = RetentionSettings()
+    dedupe = values.get(PREFIX + "DEDUPE_RETENTION_DAYS", "").strip()
+    return RetentionSettings(
+        events_days=_positive_int(values, "EVENT_RETENTION_DAYS", defaults.events_days),
+        webhook_inbox_days=_positive_int(
+            values, "WEBHOOK_RETENTION_DAYS", defaults.webhook_inbox_days
+        ),
+        dead_letters_days=_positive_int(
+            values, "DEAD_LETTER_RETENTION_DAYS", defaults.dead_letters_days
+        ),
+        dagster_runs_days=_positive_int(
+            values, "DAGSTER_RUN_RETENTION_DAYS", defaults.dagster_runs_days
+        ),
+        dedupe_days=_positive_int(values, "DEDUPE_RETENTION_DAYS", 1) if dedupe else None,
+        batch_size=_positive_int(values, "RETENTION_BATCH_SIZE", defaults.batch_size),
+        dagster_runs_per_purge=_positive_int(
+            values, "DAGSTER_RUN_PURGE_LIMIT", defaults.dagster_runs_per_purge
+        ),
+    )
+
+
+def _positive_int(values: Mapping[str, str], name: str, default: int) -> int:
+    """A whole number of at least 1: a retention of 0 days would purge what just finished."""
+    from email_platform.errors import ConfigurationError
+
+    raw = values.get(PREFIX + name, "").strip()
+    if not raw:
+        return default
+    if not raw.isascii() or not raw.isdigit() or int(raw) < 1 or len(raw) > 9:
+        raise ConfigurationError(
+            f"{PREFIX}{name} must be a whole number from 1 to 999999999, got {raw!r}"
+        )
+    return int(raw)
+
+
+def failover_provider_settings(env: Mapping[str, str] | None = None) -> ProviderSettings | None:
+    """The secondary provider (``EMAIL_PLATFORM_FAILOVER_PROVIDER``), or None.
+
+    It is read like the primary, with its own ``EMAIL_PLATFORM_<NAME>_*`` settings;
+    ``EMAIL_PLATFORM_FAILOVER_BASE_URL`` and ``_FAILOVER_API_KEY`` override them (a second
+    account or region of the primary's own kind).
+    """
+    import dataclasses
+
+    from email_platform.errors import ConfigurationError
+
+    values = _env(env)
+    name = values.get(PREFIX + "FAILOVER_PROVIDER", "").strip().lower()
+    if not name:
+        return None
+    if name not in PROVIDERS:
+        raise ConfigurationError(
+            f"{PREFIX}FAILOVER_PROVIDER={name!r} is not one of {', '.join(PROVIDERS)}"
+        )
+    settings = ProviderSettings.from_env(values, provider=name)
+    return dataclasses.replace(
+        settings,
+        base_url=values.get(PREFIX + "FAILOVER_BASE_URL") or settings.base_url,
+        api_key=values.get(PREFIX + "FAILOVER_API_KEY") or settings.api_key,
+    )
+
+
+#: ``EMAIL_PLATFORM_CIRCUIT_<NAME>`` -> the circuit breaker setting it sets, and its type.
+CIRCUIT_VARIABLES = {
+    "FAILURES": ("failures", int),
+    "FAILURE_RATE": ("failure_rate", float),
+    "MIN_CALLS": ("min_calls", int),
+    "WINDOW_S": ("window_s", float),
+    "COOLDOWN_S": ("cooldown_s", float),
+    "MAX_COOLDOWN_S": ("max_cooldown_s", float),
+}
+
+
+def circuit_breaker_enabled(env: Mapping[str, str] | None = None) -> bool | None:
+    """``EMAIL_PLATFORM_CIRCUIT_BREAKER`` (on/off); None when unset (then it is on only with
+    a failover provider)."""
+    from email_platform.errors import ConfigurationError
+
+    raw = _env(env).get(PREFIX + "CIRCUIT_BREAKER", "").strip().lower()
+    if not raw:
+        return None
+    if raw in ("1", "on", "true", "yes"):
+        return True
+    if raw in ("0", "off", "false", "no"):
+        return False
+    raise ConfigurationError(f"{PREFIX}CIRCUIT_BREAKER must be on or off, got {raw!r}")
+
+
+def circuit_overrides(env: Mapping[str, str] | None = None) -> dict[str, float | int]:
+    """The ``EMAIL_PLATFORM_CIRCUIT_*`` thresholds that are set, keyed by setting name."""
+    from email_platform.errors import ConfigurationError
+
+    values = _env(env)
+    found: dict[str, float | int] = {}
+    for suffix, (key, kind) in CIRCUIT_VARIABLES.items():
+        raw = values.get(f"{PREFIX}CIRCUIT_{suffix}")
+        if raw is None or not raw.strip():
+            continue
+        try:
+            value = kind(raw.strip())
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or value <= 0:
+            raise ConfigurationError(
+                f"{PREFIX}CIRCUIT_{suffix} must be a positive {kind.__name__}, got {raw!r}"
+            )
+        found[key] = value
+    return found
+
+
+def alerts_slack_url(env: Mapping[str, str] | None = None) -> str | None:
+    """A Slack-compatible incoming-webhook URL alerts are also posted to (none: log and UI only)."""
+    return _env(env).get(PREFIX + "ALERTS_SLACK_URL") or None

@@ -3,7 +3,7 @@
 from dagster import Definitions, in_process_executor
 
 from email_platform.assets import analytics_assets
-from email_platform.jobs import ingest_webhooks_job, lane_worker_job, send_email_job
+from email_platform.jobs import alert_job, ingest_webhooks_job, lane_worker_job, send_email_job
 from email_platform.resources import (
     AppDatabase,
     EmailProviderResource,
@@ -11,6 +11,8 @@ from email_platform.resources import (
     RoutingResource,
     Warehouse,
 )
+from email_platform.resources.alerts import AlertSettings
+from email_platform.sensors.alerts import alerts_sensor
 from email_platform.sensors.analytics import analytics_sensors
 from email_platform.sensors.brakes import brake_sensors
 from email_platform.sensors.outbox import outbox_sensors
@@ -26,16 +28,18 @@ def build_definitions(
     lane_policy: LanePolicy | None = None,
     routing: RoutingResource | None = None,
     warehouse: Warehouse | None = None,
+    alerts: AlertSettings | None = None,
 ) -> Definitions:
     """Definitions with the given resources; defaults read ``EMAIL_PLATFORM_*`` at run time."""
     return Definitions(
-        jobs=[send_email_job, lane_worker_job, ingest_webhooks_job, *retention_jobs],
+        jobs=[send_email_job, lane_worker_job, ingest_webhooks_job, alert_job, *retention_jobs],
         sensors=[
             *outbox_sensors,
             webhook_inbox_sensor,
             email_run_failure_sensor,
             *analytics_sensors,
             *brake_sensors,
+            alerts_sensor,
         ],
         schedules=retention_schedules,
         assets=analytics_assets,
@@ -50,6 +54,7 @@ def build_definitions(
             "lane_policy": lane_policy or LanePolicy(),
             "routing": routing or RoutingResource(),
             "warehouse": warehouse or Warehouse(),
+            "alerts": alerts or AlertSettings(),
         },
     )
 

@@ -10,6 +10,7 @@ from typing import Any
 from dagster import in_process_executor, job, multiprocess_executor
 
 from email_platform.executors import switchable_executor
+from email_platform.ops.alerts import announce_alert
 from email_platform.ops.ingest import ingest_webhook_batch
 from email_platform.ops.lane_worker import run_lane_worker
 from email_platform.ops.send import send_email_batch
@@ -61,6 +62,20 @@ def lane_worker_job() -> None:
     run_lane_worker()
 
 
+@job(
+    description=(
+        "Announces one alert raised or resolved by the alerts sensor (a dead letter, a late "
+        "lane, a silent worker, a failed run, a misconfigured provider, a tripped brake): "
+        "logs it as JSON and posts it to the configured Slack-compatible webhook. The run's "
+        "tags say the alert and whether it was raised or resolved."
+    ),
+    tags={"email/job": "alert"},
+    executor_def=in_process_executor,
+)
+def alert_job() -> None:
+    announce_alert()
+
+
 def send_run_config(lane: str, event_ids: Sequence[str]) -> dict[str, Any]:
     """Run config of a ``send_email_job`` run for one lane's batch."""
     return {"ops": {"send_email_batch": {"config": {"lane": lane, "event_ids": list(event_ids)}}}}
@@ -80,3 +95,23 @@ def lane_worker_run_config(lane: str) -> dict[str, Any]:
 def ingest_run_config(inbox_ids: Sequence[int]) -> dict[str, Any]:
     """Run config of an ``ingest_webhooks_job`` run for a batch of stored webhooks."""
     return {"ops": {"ingest_webhook_batch": {"config": {"inbox_ids": list(inbox_ids)}}}}
+
+
+def alert_run_config(transition: Any) -> dict[str, Any]:
+    """The alert job's config for one ``store.alerts.Transition``."""
+    return {
+        "ops": {
+            "announce_alert": {
+                "config": {
+                    "key": transition.key,
+                    "kind": transition.kind,
+                    "lane": transition.lane,
+                    "severity": transition.severity,
+                    "summary": transition.summary,
+                    "state": transition.state,
+                    "raised_at": transition.raised_at.isoformat(),
+                    "raise_count": transition.raise_count,
+                }
+            }
+        }
+    }

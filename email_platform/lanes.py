@@ -76,6 +76,8 @@ DEFAULT_LANE_CONFIGS: dict[Lane, LaneConfig] = {
         run_priority=10,
         worker_poll_s=0.2,
         worker_idle_s=600,
+        # One worker always polling: a password reset waits for no sensor tick and no run start.
+        warm_workers=1,
         target_s=30.0,
     ),
     Lane.TRANSACTIONAL: LaneConfig(

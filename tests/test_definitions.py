@@ -16,8 +16,10 @@ def test_every_job_and_sensor_resolves_with_a_description():
     repository = defs.get_repository_def()
     assert sorted(job.name for job in repository.get_all_jobs()) == [
         "__ASSET_JOB",  # Dagster's implicit job for the analytics assets
+        "alert_job",
         "ingest_webhooks_job",
         "lane_worker_job",
+        "retention_job",
         "send_email_job",
     ]
     sensors = {sensor.name: sensor for sensor in repository.sensor_defs}
@@ -28,6 +30,8 @@ def test_every_job_and_sensor_resolves_with_a_description():
         "email_run_failure_sensor",
         "webhook_inbox_sensor",
         "analytics_refresh_sensor",
+        "bulk_brake_sensor",
+        "alerts_sensor",
     }
     for sensor in sensors.values():
         assert sensor.description and len(sensor.description) > 40

@@ -7,6 +7,7 @@ and a worker that is paused, interrupted or killed gives back what it holds.
 """
 
 import dataclasses
+import json
 import multiprocessing
 import os
 import signal
@@ -362,9 +363,12 @@ def test_sigint_and_sigterm_in_the_worker_op_set_its_cancel_flag():
 
 def _sensor_tick(instance: DagsterInstance, database_url: str, lanes_json: str | None = None):  # type: ignore[no-untyped-def]
     sensor = make_outbox_sensor(Lane.CRITICAL)
+    # Without a warm worker (the shipped critical lane keeps one) unless the test says so.
+    lanes = json.loads(lanes_json or "{}")
+    lanes.setdefault("critical", {}).setdefault("warm_workers", 0)
     resources = {
         "app_database": AppDatabase(url=database_url),
-        "lane_policy": LanePolicy(overrides_json=lanes_json or "{}"),
+        "lane_policy": LanePolicy(overrides_json=json.dumps(lanes)),
     }
     with build_sensor_context(instance=instance, resources=resources) as context:
         return sensor(context)
@@ -435,6 +439,26 @@ def test_sensor_keeps_warm_workers_running_with_nothing_due(engine, database_url
     for bad in ('{"critical": {"warm_workers": 2}}', '{"critical": {"warm_workers": -1}}'):
         with pytest.raises(ConfigurationError, match="warm_workers must be 0 to workers"):
             LanePolicy(overrides_json=bad).config_for("critical")
+
+
+def test_the_shipped_critical_lane_keeps_a_warm_worker_and_a_drain_holds_it_off(database_url):
+    from email_platform.sensors.runs import hold_warm_workers
+
+    assert LanePolicy(overrides_json="{}").config_for("critical").warm_workers == 1
+    assert LanePolicy(overrides_json="{}").config_for("bulk").warm_workers == 0
+    # Batch runs for critical mail: the shipped warm worker goes with the shipped workers.
+    batch = LanePolicy(overrides_json='{"critical": {"workers": 0}}').config_for("critical")
+    assert batch.workers == 0 and batch.warm_workers == 0
+    shipped = '{"critical": {"warm_workers": 1}}'
+    with DagsterInstance.ephemeral() as instance:
+        (request,) = _sensor_tick(instance, database_url, shipped).run_requests
+        assert request.job_name == "lane_worker_job"
+        # A drain holds warm workers off (each one stopped would be replaced at once) ...
+        hold_warm_workers(instance, time.time() + 60)
+        assert isinstance(_sensor_tick(instance, database_url, shipped), SkipReason)
+        # ... and a start lifts the hold.
+        hold_warm_workers(instance, 0.0)
+        assert len(_sensor_tick(instance, database_url, shipped).run_requests) == 1
 
 
 def test_a_warm_worker_does_not_end_for_being_idle(engine, sandbox):

@@ -199,6 +199,8 @@ webhook_inbox = Table(
     UniqueConstraint("provider", "delivery_id", name="uq_webhook_inbox_delivery"),
 )
 Index("ix_webhook_inbox_status", webhook_inbox.c.status, webhook_inbox.c.inbox_id)
+# The retention purge takes processed rows oldest first, in batches (migration 0010).
+Index("ix_webhook_inbox_status_received", webhook_inbox.c.status, webhook_inbox.c.received_at)
 
 # Normalized provider events, one row per provider event, applied once.
 email_events = Table(
@@ -260,3 +262,36 @@ lane_workers = Table(
     # lifetime, idle, paused, or the error that ended it
     Column("end_reason", String(200)),
 )
+
+# One row per lane ever paused, by an operator (``email-platform lanes pause``) or a brake
+# (paused_by ``brake:bounce_rate`` ...). The lane is paused while resumed_at is null: its outbox
+# sensor requests nothing and its workers end. Resuming keeps the row, so a brake counts only
+# mail accepted after the last resume and never pauses again on the data that was resumed over.
+lane_pauses = Table(
+    "lane_pauses",
+    metadata,
+    Column("lane", String(20), primary_key=True),
+    Column("paused_by", String(200), nullable=False),
+    Column("reason", Text),
+    Column("paused_at", DateTime(timezone=True), nullable=False),
+    Column("resumed_by", String(200)),
+    Column("resumed_at", DateTime(timezone=True)),
+)
+
+# One row per alert key (``dead_letters:<reason>``, ``lane_late:bulk`` ...): raised when its
+# condition appears, resolved when it ends, raised again (raise_count + 1) if it comes back.
+# The alerts sensor is its only writer.
+alerts = Table(
+    "alerts",
+    metadata,
+    Column("key", String(300), primary_key=True),
+    Column("kind", String(40), nullable=False),
+    Column("lane", String(20)),
+    Column("severity", String(10), nullable=False),
+    Column("summary", Text, nullable=False),
+    Column("raised_at", DateTime(timezone=True), nullable=False),
+    Column("last_seen_at", DateTime(timezone=True), nullable=False),
+    Column("resolved_at", DateTime(timezone=True)),
+    Column("raise_count", Integer, nullable=False, server_default="1"),
+)
+Index("ix_alerts_resolved_at", alerts.c.resolved_at)

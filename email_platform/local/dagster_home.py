@@ -144,8 +144,10 @@ class DaemonProcess:
         # would otherwise race to run the same first migrations on a fresh DAGSTER_HOME.
         from dagster import DagsterInstance
 
-        with DagsterInstance.from_config(str(self.home)):
-            pass
+        from email_platform.sensors.runs import hold_warm_workers
+
+        with DagsterInstance.from_config(str(self.home)) as instance:
+            hold_warm_workers(instance, 0.0)  # a drain before the last stop held them off
         daemon = Path(sys.executable).with_name("dagster-daemon")
         command = [str(daemon)] if daemon.exists() else [sys.executable, "-m", "dagster._daemon"]
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
@@ -244,9 +246,16 @@ def end_lane_workers(home: Path) -> int:
 
 def drain_lane_workers(home: Path, drain_s: float) -> None:
     """Give in-flight runs up to ``drain_s`` seconds to finish, lane workers asked to end first."""
+    from dagster import DagsterInstance
+
+    from email_platform.sensors.runs import hold_warm_workers
+
     deadline = time.monotonic() + drain_s
     # The sensors still tick: one may start a worker for claims a stopped one gave back. Stop
-    # until none is left (it converges once nothing is due).
+    # until none is left (it converges once nothing is due); warm workers are held off, or each
+    # one stopped would be replaced. The next start lifts the hold.
+    with DagsterInstance.from_config(str(home)) as instance:
+        hold_warm_workers(instance, time.time() + drain_s + 600)
     while end_lane_workers(home) and time.monotonic() < deadline:
         wait_for_runs_to_finish(home, min(10.0, max(0.0, deadline - time.monotonic())))
     wait_for_runs_to_finish(home, max(0.0, deadline - time.monotonic()))

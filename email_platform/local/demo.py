@@ -27,15 +27,17 @@ from email_platform.db.schema import (
     email_events,
     email_messages,
     email_outbox,
+    lane_workers,
 )
 from email_platform.db.schema import suppressions as suppression_table
-from email_platform.local.dagster_home import DaemonProcess
+from email_platform.local.dagster_home import DaemonProcess, wait_for
 from email_platform.sandbox.asgi import BackgroundServer
 from email_platform.sandbox.emitter import WebhookPlan
 from email_platform.sandbox.server import SandboxConfig, SandboxServer
 from email_platform.store import outbox, suppressions
 from email_platform.store.bulk import rows_for_events
 from email_platform.timeutil import as_utc, utcnow
+from email_platform.unsubscribe import Keys
 from email_platform.webhooks.receiver import create_receiver_app
 
 # The product's own business table: publish() writes next to it, in the same transaction.
@@ -246,6 +248,19 @@ def _percentiles(values: list[float]) -> tuple[float, float]:
     return statistics.median(ordered), p95
 
 
+def _live_workers(engine: Engine, lane: str) -> int:
+    """Worker runs of ``lane`` that have beaten and not ended (the shipped critical lane keeps
+    one warm, so the demo's password resets wait for no run to start)."""
+    with engine.connect() as connection:
+        return len(
+            connection.execute(
+                select(lane_workers.c.run_id).where(
+                    lane_workers.c.lane == lane, lane_workers.c.ended_at.is_(None)
+                )
+            ).all()
+        )
+
+
 def _inbox_backlog(engine: Engine) -> int:
     from email_platform.store import inbox
 
@@ -275,10 +290,15 @@ def run_demo(
     upgrade(engine)
     tag = utcnow().strftime("d%H%M%S")
     secret = "whsec_" + base64.b64encode(os.urandom(24)).decode()
+    unsubscribe_secret = base64.urlsafe_b64encode(os.urandom(24)).decode()
     receiver = BackgroundServer(
         # Plain uvicorn settings on loopback: with serving.uvicorn_options (the header
         # deadline protocol) the sandbox served from this same process stalled mid-demo.
-        create_receiver_app(engine, settings={"sandbox_webhook_secret": secret}),
+        create_receiver_app(
+            engine,
+            settings={"sandbox_webhook_secret": secret},
+            unsubscribe_keys=Keys((unsubscribe_secret,)),
+        ),
     )
     receiver_url = receiver.start()
     click.echo(f"webhook receiver on {receiver_url}/webhooks/sandbox")
@@ -297,6 +317,9 @@ def run_demo(
                 config.PREFIX + "DATABASE_URL": database_url,
                 config.PREFIX + "PROVIDER": "sandbox",
                 config.PREFIX + "SANDBOX_BASE_URL": sandbox_url,
+                # Bulk digests carry one-click unsubscribe links to this receiver.
+                config.PREFIX + "UNSUBSCRIBE_SECRET": unsubscribe_secret,
+                config.PREFIX + "UNSUBSCRIBE_BASE_URL": receiver_url,
                 # Short waits so retries show within the demo.
                 config.PREFIX + "LANES": '{"critical": {"retry_delay_s": 0.5}, '
                 '"transactional": {"retry_delay_s": 1.0}, "bulk": {"retry_delay_s": 1.0}}',
@@ -306,7 +329,11 @@ def run_demo(
                 if not daemon.wait_until_ticking():
                     click.echo(f"dagster-daemon did not come up; see {daemon.log_path}", err=True)
                     return 1
-                click.echo("sensors are ticking; publishing ...")
+                click.echo("sensors are ticking; waiting for the warm critical worker ...")
+                if not wait_for(lambda: _live_workers(engine, "critical") > 0, 180, 0.5):
+                    click.echo(f"no critical worker started; see {daemon.log_path}", err=True)
+                    return 1
+                click.echo("critical worker polling; publishing ...")
                 event_ids = publish_demo_events(engine, tag, signups, resets, receipts, digests)
                 click.echo(f"published {len(event_ids)} events through publish(); draining ...")
                 started = time.monotonic()

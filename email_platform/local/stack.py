@@ -180,10 +180,14 @@ def stack_env(settings: StackSettings) -> dict[str, str]:
     directory = settings.directory.resolve()
     app_url = _admin_url(settings).set(database=settings.name)
     env_file = directory / ENV_FILE
-    secret = None
-    if env_file.exists():  # keep the webhook secret of an earlier ``up``
-        match = re.search(r"SANDBOX_WEBHOOK_SECRET=(\S+)", env_file.read_text())
-        secret = shlex.split(match.group(1))[0] if match else None
+    earlier = env_file.read_text() if env_file.exists() else ""
+
+    def kept(name: str) -> str | None:
+        """A secret of an earlier ``up``: links and signatures already out stay valid."""
+        match = re.search(rf"{name}=(\S+)", earlier)
+        return shlex.split(match.group(1))[0] if match else None
+
+    secret = kept("SANDBOX_WEBHOOK_SECRET")
     return {
         "DAGSTER_HOME": str(directory / "dagster"),
         "EMAIL_PLATFORM_HOME": str(directory),
@@ -193,6 +197,10 @@ def stack_env(settings: StackSettings) -> dict[str, str]:
         "EMAIL_PLATFORM_SANDBOX_BASE_URL": f"http://127.0.0.1:{settings.sandbox_port}",
         "EMAIL_PLATFORM_SANDBOX_WEBHOOK_SECRET": secret
         or "whsec_" + base64.b64encode(os.urandom(24)).decode(),
+        # One-click unsubscribe links in bulk mail point at the receivers.
+        "EMAIL_PLATFORM_UNSUBSCRIBE_SECRET": kept("UNSUBSCRIBE_SECRET")
+        or base64.urlsafe_b64encode(os.urandom(24)).decode(),
+        "EMAIL_PLATFORM_UNSUBSCRIBE_BASE_URL": f"http://127.0.0.1:{settings.receiver_port}",
         "EMAIL_PLATFORM_LANES": json.dumps(_lanes(settings), sort_keys=True),
         "EMAIL_PLATFORM_EXECUTOR": "celery",
         "EMAIL_PLATFORM_CELERY_BROKER": settings.broker,

@@ -3,7 +3,7 @@
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
@@ -15,16 +15,18 @@ from dagster import (
     OpExecutionContext,
     op,
 )
+from sqlalchemy import Engine, Row
+from sqlalchemy.exc import SQLAlchemyError
 
-from email_platform.lanes import STOP_TAG, LaneConfig, outbox_sensor_name
+from email_platform.lanes import LANES, STOP_TAG, LaneConfig, outbox_sensor_name
 from email_platform.ops.reporting import WorkerReporter
 from email_platform.ops.retry import STEP_RETRY_POLICY
 from email_platform.ops.send import finish_with_dead_letters, make_sender, send_batch
 from email_platform.resources import AppDatabase, EmailProviderResource, LanePolicy, RoutingResource
 from email_platform.sending.worker import LaneWorker
-from email_platform.store import dead_letters
+from email_platform.store import dead_letters, lane_pauses
 
-#: A stopped lane sensor or a terminate request is noticed within this long.
+#: A paused lane, a stopped lane sensor or a terminate request is noticed within this long.
 STOP_CHECK_EVERY_S = 2.0
 CANCEL_STATUSES = (DagsterRunStatus.CANCELING, DagsterRunStatus.CANCELED)
 
@@ -33,6 +35,7 @@ CANCEL_STATUSES = (DagsterRunStatus.CANCELING, DagsterRunStatus.CANCELED)
 ENDINGS = {
     "idle": "idle: nothing due for worker_idle_s",
     "lifetime": "its lifetime is up; the sensor starts a successor",
+    # A pause in lane_pauses says who paused the lane and why instead (StopCheck.detail).
     "paused": "paused: the lane's outbox sensor is stopped",
     "stopped": "stopped on request (the run's email/stop tag)",
     "canceled": "the run was terminated",
@@ -44,47 +47,108 @@ class LaneWorkerConfig(Config):
     lane: str
 
 
-def stop_check(
-    instance: DagsterInstance, lane: str, run_id: str, repository_origin_id: str | None
-) -> Callable[[], str | None]:
-    """Why the worker should stop now, if it should: ``canceled``, ``run_failed``, ``stopped``
-    or ``paused``.
+class StopCheck:
+    """Why the worker should stop now, if it should (see ``stop_check``); ``detail`` says it in
+    words once it should (who paused the lane, and why)."""
 
-    ``paused``: the lane's outbox sensor is stopped (only this code location's sensor counts,
-    ``repository_origin_id`` when the run has one: a stopped sensor of the same name elsewhere
-    on the instance must not silence this lane). ``canceled``: someone asked to terminate the
-    run. Dagster delivers that as one interrupt, which is lost if it lands in a garbage
-    collection callback (seen here: SQLAlchemy's ``_collection_gced``), so the run's status is
-    read as well. ``stopped``: the run carries ``STOP_TAG`` (a clean stop that ends green).
-    """
-    name = outbox_sensor_name(lane)
-    state: dict = {"checked": 0.0, "reason": None}
+    def __init__(
+        self,
+        instance: DagsterInstance,
+        lane: str,
+        run_id: str,
+        repository_selector_id: str | None,
+        engine: Engine | None = None,
+    ) -> None:
+        self.instance, self.lane, self.run_id = instance, lane, run_id
+        self.repository_selector_id, self.engine = repository_selector_id, engine
+        self.checked = 0.0
+        self.reason: str | None = None
+        self.detail: str | None = None
 
-    def why() -> str | None:
+    def __call__(self) -> str | None:
         now = time.monotonic()
-        if now - state["checked"] >= STOP_CHECK_EVERY_S:
-            state["checked"] = now
-            run = instance.get_run_by_id(run_id)
-            if run is not None and run.status in CANCEL_STATUSES:
-                state["reason"] = "canceled"
-            elif run is not None and run.status == DagsterRunStatus.FAILURE:
-                # The run was declared dead (its run process died) and its claims released:
-                # a step process left behind must stop instead of sending beside a successor.
-                state["reason"] = "run_failed"
-            elif run is not None and STOP_TAG in run.tags:
-                state["reason"] = "stopped"
-            # An ephemeral instance (tests, in-process runs) has no sensors to stop.
-            elif instance.schedule_storage is not None and any(
-                # Dagster exports no public name for the instigator enums: compare their values.
-                s.instigator_name == name
-                and s.instigator_type.value == "SENSOR"
-                and s.status.value == "STOPPED"
-                for s in instance.all_instigator_state(repository_origin_id=repository_origin_id)
-            ):
-                state["reason"] = "paused"
-        return state["reason"]
+        if self.reason is None and now - self.checked >= STOP_CHECK_EVERY_S:
+            self.checked = now
+            self.reason = self._why()
+            if self.reason is not None and self.detail is None:
+                self.detail = ENDINGS.get(self.reason, self.reason)
+        return self.reason
 
-    return why
+    def _why(self) -> str | None:
+        run = self.instance.get_run_by_id(self.run_id)
+        if run is not None and run.status in CANCEL_STATUSES:
+            return "canceled"
+        if run is not None and run.status == DagsterRunStatus.FAILURE:
+            # The run was declared dead (its run process died) and its claims released: a
+            # step process left behind must stop instead of sending beside a successor.
+            return "run_failed"
+        if run is not None and STOP_TAG in run.tags:
+            return "stopped"
+        pause = self._pause()
+        if pause is not None:
+            self.detail = f"paused: {lane_pauses.describe(pause)}"
+            return "paused"
+        if self.lane in stopped_lane_sensors(self.instance, self.repository_selector_id):
+            return "paused"
+        return None
+
+    def _pause(self) -> Row | None:
+        if self.engine is None:
+            return None
+        try:
+            with self.engine.connect() as connection:
+                return lane_pauses.active(connection, self.lane)
+        except SQLAlchemyError:
+            # The database is away: the worker's own claims and heartbeat notice that; a
+            # stop check that cannot read the pause table does not end the worker.
+            return None
+
+
+def stop_check(
+    instance: DagsterInstance,
+    lane: str,
+    run_id: str,
+    repository_selector_id: str | None,
+    engine: Engine | None = None,
+) -> StopCheck:
+    """Why the worker should stop now, if it should: ``canceled``, ``run_failed``, ``stopped``
+    or ``paused``; read every ``STOP_CHECK_EVERY_S``.
+
+    ``paused``: the lane is paused in ``lane_pauses`` (``email-platform lanes pause``, or a
+    brake; read through ``engine``), or the lane's outbox sensor is stopped (only this code
+    location's sensor counts, ``repository_selector_id`` when the run has one: a stopped sensor
+    of the same name in another code location must not silence this lane). ``canceled``:
+    someone asked to terminate the run. Dagster delivers that as one interrupt, which is lost if
+    it lands in a garbage collection callback (seen here: SQLAlchemy's ``_collection_gced``),
+    so the run's status is read as well. ``stopped``: the run carries ``STOP_TAG`` (a clean
+    stop that ends green).
+    """
+    return StopCheck(instance, lane, run_id, repository_selector_id, engine)
+
+
+def stopped_lane_sensors(
+    instance: DagsterInstance, repository_selector_id: str | None = None
+) -> set[str]:
+    """The lanes whose outbox sensor is stopped on ``instance`` (in the code location and
+    repository ``repository_selector_id`` names, or in any); empty for an ephemeral instance,
+    which has no sensors to stop.
+
+    Filtered here, not by ``all_instigator_state(repository_origin_id=...)``: the instigators
+    table Dagster 1.13 reads ignores that argument. A selector (location and repository name)
+    is the same for the daemon that launched the run and the webserver that stopped the sensor,
+    where an origin id may differ with their workspace files."""
+    if instance.schedule_storage is None:
+        return set()
+    names = {outbox_sensor_name(lane.value): lane.value for lane in LANES}
+    return {
+        names[s.instigator_name]
+        for s in instance.all_instigator_state()
+        # Dagster exports no public name for the instigator enums: compare their values.
+        if s.instigator_name in names
+        and (repository_selector_id is None or s.repository_selector_id == repository_selector_id)
+        and s.instigator_type.value == "SENSOR"
+        and s.status.value == "STOPPED"
+    }
 
 
 @op(
@@ -106,7 +170,8 @@ def run_lane_worker(
     backoff while other events go on; permanent failures and exhausted retries become dead
     letters, and the run fails at its end so an operator can re-execute it. A re-execution
     replays the dead letters of the run it re-executes, with their original idempotency keys.
-    Stop the lane's outbox sensor to pause the lane: its workers end within seconds.
+    Pause the lane (``email-platform lanes pause``, a brake, or stopping its outbox sensor):
+    its workers end within seconds.
     """
     lane = lane_policy.config_for(config.lane)
     engine = app_database.get_engine()
@@ -119,14 +184,19 @@ def run_lane_worker(
     reporter = WorkerReporter(context, lane.lane.value)
     try:
         sender = make_sender(context, lane, engine, provider, email_provider, routing, cancel)
+        stopping = stop_check(
+            context.instance,
+            lane.lane.value,
+            context.run_id,
+            _repository_selector_id(context),
+            engine,
+        )
         worker = LaneWorker(
             sender=sender,
             engine=engine,
             lane=lane,
             run_id=context.run_id,
-            should_stop=stop_check(
-                context.instance, lane.lane.value, context.run_id, _repository_origin_id(context)
-            ),
+            should_stop=stopping,
             log=context.log,
             on_batch=reporter,
         )
@@ -137,8 +207,9 @@ def run_lane_worker(
     reporter.flush(result.totals)
     counts = dict(result.totals)
     counts.update(batches=result.batches, released=result.released)
+    ending = stopping.detail if result.reason == stopping.reason else None
     context.log.info(
-        f"lane worker ended, {ENDINGS.get(result.reason, result.reason)}; after "
+        f"lane worker ended, {ending or ENDINGS.get(result.reason, result.reason)}; after "
         f"{result.batches} batch(es) it sent {counts.get('sent', 0)}, dead-lettered "
         f"{counts.get('dead_lettered', 0)}, gave back {result.released} event(s)"
     )
@@ -173,9 +244,9 @@ def interrupts_set(flag: threading.Event) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def _repository_origin_id(context: OpExecutionContext) -> str | None:
+def _repository_selector_id(context: OpExecutionContext) -> str | None:
     origin = context.run.remote_job_origin
-    return origin.repository_origin.get_id() if origin is not None else None
+    return origin.repository_origin.get_selector_id() if origin is not None else None
 
 
 def _replay_dead_letters(

@@ -18,6 +18,8 @@ from dagster import (
     RetryRequested,
 )
 
+from email_platform.errors import ConfigurationError
+
 STEP_RETRY_POLICY = RetryPolicy(
     max_retries=3, delay=2.0, backoff=Backoff.EXPONENTIAL, jitter=Jitter.FULL
 )
@@ -36,7 +38,8 @@ def retried_on_error(
     """
     try:
         yield
-    except (DagsterError, Failure, RetryRequested):
+    # A setting that is wrong now is wrong on the retry too: fail at once, naming it.
+    except (DagsterError, Failure, RetryRequested, ConfigurationError):
         raise
     except Exception as error:
         if context.retry_number >= policy.max_retries:

@@ -47,6 +47,29 @@ def trace_metadata(email: OutgoingEmail) -> dict[str, str]:
 class Accepted:
     provider_message_id: str
     status_code: int | None = None
+    #: The provider that accepted it, when not the run's own (a failover's secondary).
+    provider: str | None = None
+
+
+def failover_provider(result: object) -> str | None:
+    """The secondary provider that gave ``result`` (``Accepted.provider``, ``mark_provider``),
+    or None: the run's own provider gave it."""
+    return getattr(result, "provider", None)
+
+
+def mark_provider(error: DeliveryError, provider: str) -> DeliveryError:
+    """Name the secondary provider that gave ``error``, for ``failover_provider``."""
+    error.provider = provider  # type: ignore[attr-defined]
+    return error
+
+
+@dataclass(frozen=True)
+class History:
+    """What is recorded of one message before this attempt (from its ``email_messages`` row)."""
+
+    attempts: int
+    #: The provider of its last recorded attempt (or the one it was prepared for).
+    provider: str | None
 
 
 class EmailProvider(Protocol):
@@ -76,6 +99,16 @@ class BatchingProvider(Protocol):
     batch_max: int
 
     def send_many(self, emails: Sequence[OutgoingEmail]) -> list[Accepted | DeliveryError]: ...
+
+
+@runtime_checkable
+class HistoryAwareProvider(Protocol):
+    """A provider that wants each message's history before it is sent (a failover: it may
+    move a message to its secondary only if no earlier attempt may have been accepted)."""
+
+    def expect(self, histories: dict[str, History]) -> None:
+        """The histories of the messages about to be sent, by idempotency key."""
+        ...
 
 
 class RateLimiter:

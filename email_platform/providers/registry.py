@@ -5,6 +5,7 @@ import importlib
 from email_platform.config import PROVIDERS, ProviderSettings
 from email_platform.errors import ConfigurationError
 from email_platform.providers.base import EmailProvider
+from email_platform.providers.failover import FailoverProvider, FailoverState
 
 #: The adapter class in ``email_platform.providers.<name>`` of every name in ``PROVIDERS``.
 _CLASSES = {
@@ -32,3 +33,21 @@ def open_provider(settings: ProviderSettings, *, max_connections: int) -> EmailP
     except (ImportError, AttributeError) as exc:
         raise ConfigurationError(f"provider {settings.name!r} is not available: {exc}") from None
     return adapter.from_settings(settings, max_connections=max_connections)
+
+
+def open_failover(
+    primary: ProviderSettings,
+    secondary: ProviderSettings | None,
+    state: FailoverState,
+    *,
+    max_connections: int,
+) -> FailoverProvider:
+    """The primary's adapter behind ``state``'s circuit breaker, and the secondary's (if any)
+    to take over while it is open."""
+    first = open_provider(primary, max_connections=max_connections)
+    try:
+        second = open_provider(secondary, max_connections=max_connections) if secondary else None
+    except BaseException:
+        first.close()
+        raise
+    return FailoverProvider(first, second, state)

@@ -25,6 +25,10 @@ class LanePolicy(ConfigurableResource):
             lane_config = dataclasses.replace(base, **overrides)
         except TypeError as exc:
             raise ConfigurationError(f"lane override for {parsed.value}: {exc}") from None
+        if "warm_workers" not in overrides and lane_config.warm_workers > lane_config.workers:
+            # The shipped warm worker goes with the shipped workers: `workers: 0` (batch runs)
+            # alone is a whole setting, not a contradiction.
+            lane_config = dataclasses.replace(lane_config, warm_workers=lane_config.workers)
         if not lane_config.lease_s > 0:
             raise ConfigurationError(
                 f"lane override for {parsed.value}: lease_s must be positive, "

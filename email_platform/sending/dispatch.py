@@ -13,7 +13,14 @@ from queue import Empty, SimpleQueue
 from email_platform import tracing
 from email_platform.classify import classify_exception, is_transient
 from email_platform.errors import ConfigurationError, TransientError
-from email_platform.providers.base import Accepted, BatchingProvider, EmailProvider, OutgoingEmail
+from email_platform.providers.base import (
+    Accepted,
+    BatchingProvider,
+    EmailProvider,
+    History,
+    HistoryAwareProvider,
+    OutgoingEmail,
+)
 from email_platform.sending.types import Result, Sent, Work
 from email_platform.timeutil import utcnow
 
@@ -102,6 +109,16 @@ class Dispatcher:
         """
         if not work:
             return
+        if isinstance(provider, HistoryAwareProvider):
+            # A failover moves a message only if no earlier attempt may have been accepted.
+            provider.expect(
+                {
+                    item.email.idempotency_key: History(
+                        item.message.attempts, item.message.provider
+                    )
+                    for item in work
+                }
+            )
         todo: SimpleQueue[Work | None] = SimpleQueue()
         done: SimpleQueue[Sent | None] = SimpleQueue()
         stop = threading.Event()

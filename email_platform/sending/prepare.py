@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Engine, Row
 
-from email_platform import tracing
+from email_platform import tracing, unsubscribe
 from email_platform.db.schema import email_messages
 from email_platform.errors import (
     InvalidRecipientError,
@@ -21,7 +21,7 @@ from email_platform.errors import (
     TemplateRenderError,
     UnknownEventVersionError,
 )
-from email_platform.lanes import LaneConfig
+from email_platform.lanes import Lane, LaneConfig
 from email_platform.providers.base import OutgoingEmail
 from email_platform.recipients import RecipientResolver
 from email_platform.rendering import TemplateRenderer
@@ -57,6 +57,7 @@ class Preparer:
         provider_name: str,
         sender_address: str,
         recorder: Recorder,
+        unsubscribe_links: unsubscribe.Links | None = None,
     ) -> None:
         self.engine = engine
         self.routes = routes
@@ -66,6 +67,11 @@ class Preparer:
         self.provider_name = provider_name
         self.sender_address = sender_address
         self.recorder = recorder
+        # Bulk mail's List-Unsubscribe headers, from the environment unless given. A bad
+        # setting fails a bulk run here, before it claims anything.
+        self.unsubscribe_links = unsubscribe_links or unsubscribe.links_from_config(
+            sender_address, strict=lane.lane is Lane.BULK
+        )
 
     def prepare(
         self, claimed: Sequence[Row], run_id: str, outcome: BatchOutcome, replay: bool
@@ -253,7 +259,10 @@ class Preparer:
                             html=rendered.html,
                             template=route.template,
                             lane=self.lane.lane.value,
-                            headers={"X-Email-Event-Id": event.event_id},
+                            headers={
+                                "X-Email-Event-Id": event.event_id,
+                                **self.unsubscribe_links.headers_for(route, message.recipient, now),
+                            },
                             trace_id=event.trace_id,
                             correlation_id=event.correlation_id,
                         ),

@@ -19,7 +19,7 @@ from email_platform.db.errors import refused_by_database
 from email_platform.db.schema import email_messages
 from email_platform.errors import ConfigurationError, DeliveryError, PermanentError, TransientError
 from email_platform.lanes import LaneConfig
-from email_platform.providers.base import Accepted
+from email_platform.providers.base import Accepted, failover_provider
 from email_platform.redaction import loggable
 from email_platform.sending.refusals import first_line, restore_outcome
 from email_platform.sending.types import BatchOutcome, Sent, Work
@@ -34,6 +34,13 @@ _PROVIDER_ID_LENGTH = email_messages.c.provider_message_id.type.length
 def _provider_id(value: str | None) -> str | None:
     """A provider's message id as stored: an odd one (NUL, over-long) is cleaned, not refused."""
     return storable_text(value, _PROVIDER_ID_LENGTH)
+
+
+def _via(secondary: str | None, text: str | None = None) -> str | None:
+    """``text`` of an attempt a failover's secondary made, saying which provider made it."""
+    if secondary is None:
+        return text
+    return f"via {secondary} (failover)" + (f": {text}" if text else "")
 
 
 class Recorder:
@@ -160,21 +167,20 @@ class Recorder:
                     "outcome": "accepted",
                     "http_status": result.status_code,
                     "provider_message_id": _provider_id(result.provider_message_id),
-                    "error": None,
+                    # email_attempts has no provider column: a failover's send says so here.
+                    "error": _via(result.provider),
                     "retry_after_s": None,
                 }
                 for item, result, started in accepted
             ],
         )
-        messages.record_accepted_many(
-            connection,
-            [
+        by_provider: dict[str, list[tuple[int, str | None]]] = {}
+        for item, result, _ in accepted:
+            by_provider.setdefault(result.provider or self.provider_name, []).append(
                 (item.message.message_id, _provider_id(result.provider_message_id))
-                for item, result, _ in accepted
-            ],
-            now,
-            self.provider_name,
-        )
+            )
+        for provider, sent in by_provider.items():
+            messages.record_accepted_many(connection, sent, now, provider)
         dead_letters.resolve_for_messages(
             connection,
             [item.message.message_id for item, _, _ in accepted],
@@ -250,7 +256,8 @@ class Recorder:
             "finished_at": now,
         }
         transient = is_transient(result)
-        error_text = storable_text(str(result)) or ""
+        secondary = failover_provider(result)
+        error_text = storable_text(_via(secondary, str(result))) or ""
         attempts.add(
             connection,
             [
@@ -270,7 +277,7 @@ class Recorder:
             message.message_id,
             now,
             accepted=False,
-            provider=self.provider_name,
+            provider=secondary or self.provider_name,
             provider_message_id=None,
             error=error_text,
         )

@@ -29,8 +29,8 @@ from email_platform.jobs import (
 )
 from email_platform.lanes import DEFAULT_LANE_CONFIGS, LANES, Lane, LaneConfig, outbox_sensor_name
 from email_platform.resources import AppDatabase, LanePolicy
-from email_platform.sensors.runs import instance_of, whole_batches
-from email_platform.store import lane_workers, outbox
+from email_platform.sensors.runs import instance_of, warm_workers_held, whole_batches
+from email_platform.store import lane_pauses, lane_workers, outbox
 from email_platform.timeutil import as_utc, utcnow
 
 
@@ -256,7 +256,8 @@ def keep_workers(
     missing = lane.workers - live
     if missing <= 0:
         return SkipReason(f"{lane.workers} {name} worker run(s) running.")
-    start = max(0, lane.warm_workers - live)
+    warm = 0 if warm_workers_held(instance_of(context), time.time()) else lane.warm_workers
+    start = max(0, warm - live)
     if start < missing:
         with app_database.get_engine().connect() as connection:
             if outbox.find_due(connection, name, utcnow(), 1):
@@ -265,6 +266,20 @@ def keep_workers(
         return SkipReason(f"No due {name} events in the outbox.")
     context.log.info(f"starting {start} {name} worker run(s)")
     return SensorResult(run_requests=[worker_run_request(lane) for _ in range(start)])
+
+
+def paused_lane_reason(app_database: AppDatabase, lane: str) -> str | None:
+    """The SkipReason of a lane paused in ``lane_pauses`` (by an operator or a brake): who,
+    why and since when, and how to resume it; None if it is not paused."""
+    with app_database.get_engine().connect() as connection:
+        pause = lane_pauses.active(connection, lane)
+    if pause is None:
+        return None
+    kind = "A brake" if pause.paused_by.startswith("brake:") else "An operator"
+    return (
+        f"{lane_pauses.describe(pause)}. {kind} paused it: nothing is requested and its "
+        f"workers end; events stay pending. Resume with `email-platform lanes resume {lane}`."
+    )
 
 
 def make_outbox_sensor(lane: Lane) -> SensorDefinition:
@@ -279,14 +294,18 @@ def make_outbox_sensor(lane: Lane) -> SensorDefinition:
             f"Keeps {lane.value} mail moving: with lane workers (the default) it starts a "
             f"resident worker run when due {lane.value} events wait and none is running; with "
             f"workers=0 it requests send runs in batches of up to {defaults.batch_size}. Stop "
-            f"this sensor to pause {lane.value} mail (its workers end within seconds); the "
-            "other lanes keep going. Events stay pending, nothing is lost."
+            f"this sensor, or run `email-platform lanes pause {lane.value}`, to pause "
+            f"{lane.value} mail (its workers end within seconds); the other lanes keep going. "
+            "Events stay pending, nothing is lost."
         ),
     )
     def _outbox_sensor(
         context: SensorEvaluationContext, app_database: AppDatabase, lane_policy: LanePolicy
     ) -> SensorResult | SkipReason:
         config = lane_policy.config_for(lane.value)
+        paused = paused_lane_reason(app_database, lane.value)
+        if paused is not None:
+            return SkipReason(paused)
         if config.workers > 0:
             return keep_workers(context, app_database, config)
         now = utcnow()

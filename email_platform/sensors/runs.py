@@ -14,6 +14,9 @@ from dagster import (
 
 T = TypeVar("T")
 
+#: Key in the instance's key-value store: until when (epoch seconds) no warm worker is started.
+WARM_HOLD_KEY = "email_platform/warm_workers_held_until"
+
 
 def instance_of(context: SensorEvaluationContext) -> DagsterInstance | None:
     """The sensor's instance; None for a context built without one (no runs to look at)."""
@@ -60,3 +63,19 @@ def stop_lane_workers(instance: DagsterInstance, lane: str | None = None) -> int
         if STOP_TAG not in run.tags:
             instance.add_run_tags(run.run_id, {STOP_TAG: "requested"})
     return len(runs)
+
+
+def hold_warm_workers(instance: DagsterInstance, until_ts: float) -> None:
+    """Start no warm worker before ``until_ts`` (a drain: the sensors still tick, and would
+    otherwise replace every warm worker the drain stops). Workers for due events still start."""
+    instance.run_storage.set_cursor_values({WARM_HOLD_KEY: repr(until_ts)})
+
+
+def warm_workers_held(instance: DagsterInstance | None, now_ts: float) -> bool:
+    if instance is None:
+        return False
+    value = instance.run_storage.get_cursor_values({WARM_HOLD_KEY}).get(WARM_HOLD_KEY)
+    try:
+        return value is not None and float(value) > now_ts
+    except ValueError:
+        return False

@@ -47,3 +47,67 @@ def set_error(connection: Connection, attempt_id: int, error: str | None) -> Non
     connection.execute(
         update(attempts).where(attempts.c.attempt_id == attempt_id).values(error=error)
     )
+
+
+# ---- metrics (email_platform.metrics) -------------------------------------------------------
+
+
+def counts_in_range(
+    connection: Connection, after_id: int, upto_id: int | None
+) -> dict[tuple[str, str, int | None, str | None], int]:
+    """Attempts with ``after_id < attempt_id <= upto_id`` (no upper end with None), by
+    (lane, outcome, HTTP status, provider): a primary-key range, joined to each message."""
+    from email_platform.db.schema import email_messages as messages  # only the metrics join
+
+    query = (
+        select(
+            messages.c.lane,
+            attempts.c.outcome,
+            attempts.c.http_status,
+            messages.c.provider,
+            func.count(),
+        )
+        .select_from(attempts.join(messages, messages.c.message_id == attempts.c.message_id))
+        .where(attempts.c.attempt_id > after_id)
+    )
+    if upto_id is not None:
+        query = query.where(attempts.c.attempt_id <= upto_id)
+    rows = connection.execute(
+        query.group_by(
+            messages.c.lane, attempts.c.outcome, attempts.c.http_status, messages.c.provider
+        )
+    ).all()
+    return {(lane, outcome, code, provider): int(n) for lane, outcome, code, provider, n in rows}
+
+
+# ---- retention (email_platform.retention) ---------------------------------------------------
+
+
+def count_for_events(connection: Connection, events: Any) -> int:
+    """How many attempts the messages of an id query's events (``outbox.purgeable_query``)
+    have."""
+    from email_platform.db.schema import email_messages
+
+    of_events = select(email_messages.c.message_id).where(
+        email_messages.c.event_id.in_(events.scalar_subquery())
+    )
+    return int(
+        connection.execute(
+            select(func.count()).where(attempts.c.message_id.in_(of_events.scalar_subquery()))
+        ).scalar()
+    )
+
+
+def delete_for_messages(connection: Connection, message_ids: Sequence[int]) -> int:
+    """Delete the attempts of these messages (before the messages: foreign key)."""
+    from sqlalchemy import delete
+
+    from email_platform.store.bulk import one_of
+
+    total = 0
+    for start in range(0, len(message_ids), 5000):
+        chunk = list(message_ids[start : start + 5000])
+        total += connection.execute(
+            delete(attempts).where(one_of(connection, attempts.c.message_id, chunk))
+        ).rowcount
+    return total

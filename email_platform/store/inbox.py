@@ -192,3 +192,35 @@ def for_ids(connection: Connection, inbox_ids: Sequence[int]) -> list[Row]:
 
 def anonymize(connection: Connection, inbox_id: int, values: dict[str, Any]) -> None:
     connection.execute(update(inbox).where(inbox.c.inbox_id == inbox_id).values(**values))
+
+
+# ---- retention (email_platform.retention) ---------------------------------------------------
+
+
+def delete_processed(connection: Connection, *, received_before: datetime, limit: int) -> int:
+    """``purge_processed``, at most ``limit`` rows (the oldest ids): one bounded transaction.
+
+    Only ``processed`` rows: pending and in-flight ones are still to be applied, and
+    malformed or failed ones wait for ``webhooks reprocess`` after a mapping fix.
+    """
+    oldest = (
+        select(inbox.c.inbox_id)
+        .where(inbox.c.status == PROCESSED, inbox.c.received_at < received_before)
+        .order_by(inbox.c.inbox_id)
+        .limit(limit)
+    )
+    return connection.execute(
+        delete(inbox).where(
+            inbox.c.inbox_id.in_(oldest.scalar_subquery()), inbox.c.status == PROCESSED
+        )
+    ).rowcount
+
+
+def count_processed(connection: Connection, *, received_before: datetime) -> int:
+    return int(
+        connection.execute(
+            select(func.count()).where(
+                inbox.c.status == PROCESSED, inbox.c.received_at < received_before
+            )
+        ).scalar()
+    )

@@ -316,3 +316,154 @@ def cancel_pending(connection: Connection, message_ids: Sequence[int], now: date
 
 def anonymize(connection: Connection, message_id: int, values: dict[str, Any]) -> None:
     connection.execute(update(messages).where(messages.c.message_id == message_id).values(**values))
+
+
+# ---- metrics (email_platform.metrics, email-platform status) --------------------------------
+
+
+def _accepted_since(connection: Connection, since: datetime) -> Any:
+    """Messages accepted at or after ``since``: lane, and seconds from when the event was due
+    (published, or its ``send_after`` when later: a deliberate delay is not latency).
+
+    The ``updated_at`` index bounds the read (a message is updated when it is accepted).
+    """
+    from sqlalchemy import Float, cast, extract  # only the metrics need these
+
+    from email_platform.db.schema import email_outbox as outbox
+
+    if on_postgresql(connection):
+        due = func.greatest(outbox.c.published_at, outbox.c.available_at)
+        seconds = cast(extract("epoch", messages.c.sent_at - due), Float)
+    else:  # SQLite keeps UTC text; julianday() reads it, in days
+        due = func.max(func.julianday(outbox.c.published_at), func.julianday(outbox.c.available_at))
+        seconds = (func.julianday(messages.c.sent_at) - due) * 86400.0
+    return (
+        select(messages.c.lane.label("lane"), seconds.label("seconds"))
+        .select_from(messages.join(outbox, outbox.c.event_id == messages.c.event_id))
+        .where(
+            messages.c.status == SENT,
+            messages.c.updated_at >= since,
+            messages.c.sent_at >= since,
+        )
+        .subquery()
+    )
+
+
+def accepted_latency_histogram(
+    connection: Connection, since: datetime, bounds: Sequence[float]
+) -> dict[str, tuple[list[int], int, float]]:
+    """Per lane, over messages accepted since ``since``: how many took at most each of
+    ``bounds`` seconds (cumulative, as Prometheus buckets are), how many in all, their sum."""
+    from sqlalchemy import case
+
+    window = _accepted_since(connection, since)
+    rows = connection.execute(
+        select(
+            window.c.lane,
+            func.count(),
+            func.sum(window.c.seconds),
+            *[func.sum(case((window.c.seconds <= bound, 1), else_=0)) for bound in bounds],
+        ).group_by(window.c.lane)
+    ).all()
+    return {
+        lane: ([int(n or 0) for n in buckets], int(count), float(total or 0.0))
+        for lane, count, total, *buckets in rows
+    }
+
+
+def accepted_latency_percentiles(
+    connection: Connection, since: datetime, percents: Sequence[int]
+) -> dict[str, tuple[int, dict[int, float]]]:
+    """Per lane, over messages accepted since ``since``: how many, and the nearest-rank
+    percentile (the value at rank ceil(p * n / 100)) for each integer p of ``percents``.
+
+    The database ranks the rows (window functions, on SQLite and PostgreSQL alike) and
+    returns only the ranked ones asked for, whatever the window holds.
+    """
+    from sqlalchemy import or_
+
+    window = _accepted_since(connection, since)
+    ranked = select(
+        window.c.lane,
+        window.c.seconds,
+        func.row_number()
+        .over(partition_by=window.c.lane, order_by=window.c.seconds)
+        .label("position"),
+        func.count().over(partition_by=window.c.lane).label("n"),
+    ).subquery()
+    wanted = [(p * ranked.c.n + 99) // 100 for p in percents]
+    rows = connection.execute(
+        select(ranked.c.lane, ranked.c.n, ranked.c.position, ranked.c.seconds).where(
+            or_(*[ranked.c.position == rank for rank in wanted])
+        )
+    ).all()
+    found: dict[str, tuple[int, dict[int, float]]] = {}
+    for lane, n, position, seconds in rows:
+        values = found.setdefault(lane, (int(n), {}))[1]
+        for p in percents:
+            if (p * int(n) + 99) // 100 == position:
+                values[p] = float(seconds)
+    return found
+
+
+# ---- retention (email_platform.retention) ---------------------------------------------------
+
+
+def ids_query(events: Any) -> Any:
+    """``SELECT message_id`` of the messages of the events an id query selects."""
+    return select(messages.c.message_id).where(messages.c.event_id.in_(events.scalar_subquery()))
+
+
+def ids_for_events(connection: Connection, event_ids: Sequence[str]) -> list[int]:
+    if not event_ids:
+        return []
+    return list(
+        connection.execute(
+            select(messages.c.message_id).where(one_of(connection, messages.c.event_id, event_ids))
+        ).scalars()
+    )
+
+
+def count_for_events(connection: Connection, events: Any) -> int:
+    """How many messages the events of an id query (``outbox.purgeable_query``) have."""
+    return int(
+        connection.execute(
+            select(func.count()).where(messages.c.event_id.in_(events.scalar_subquery()))
+        ).scalar()
+    )
+
+
+def delete_for_events(connection: Connection, event_ids: Sequence[str]) -> int:
+    """Delete the messages of these events; their attempts (foreign key) must be gone."""
+    from sqlalchemy import delete
+
+    if not event_ids:
+        return 0
+    return connection.execute(
+        delete(messages).where(one_of(connection, messages.c.event_id, event_ids))
+    ).rowcount
+
+
+def expire_dead(
+    connection: Connection, expiries: Sequence[tuple[int, datetime]], now: datetime
+) -> int:
+    """Dead messages past their ``expires_at`` become ``expired``, as a replay would make
+    them; one a replay reopened meanwhile is left to the replay."""
+    total = 0
+    for message_id, expires_at in expiries:
+        total += connection.execute(
+            update(messages)
+            .where(messages.c.message_id == message_id, messages.c.status == DEAD)
+            .values(
+                status=EXPIRED,
+                updated_at=now,
+                last_error=f"expired at {_utc(expires_at).isoformat()}",
+            )
+        ).rowcount
+    return total
+
+
+def _utc(value: datetime) -> datetime:
+    from email_platform.timeutil import as_utc
+
+    return as_utc(value) or value

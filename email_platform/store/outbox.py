@@ -509,3 +509,93 @@ def cancel(connection: Connection, event_ids: Sequence[str], now: datetime) -> t
 
 def anonymize(connection: Connection, event_id: str, values: dict[str, Any]) -> None:
     connection.execute(update(outbox).where(outbox.c.event_id == event_id).values(**values))
+
+
+# ---- retention (email_platform.retention) ---------------------------------------------------
+
+#: What the purge may delete once old enough: nothing here is pending, in flight or replayable
+#: (a dead event with an open dead letter is kept by ``purgeable_query``).
+FINISHED = (DONE, DEAD, CANCELLED)
+
+
+def purgeable_query(
+    *,
+    finished_before: datetime,
+    letters_resolved_before: datetime,
+    dedupe_before: datetime | None,
+) -> Any:
+    """``SELECT event_id`` of the events the purge may delete, oldest first.
+
+    Finished before ``finished_before``; no dead letter of theirs that the purge keeps (open,
+    or resolved since ``letters_resolved_before``), so a letter never outlives the event its
+    listing and replay read; and no message holding a route's dedupe key unless the event also
+    finished before ``dedupe_before`` (None: those are kept, so the key keeps deduplicating).
+    """
+    from sqlalchemy import exists, or_
+
+    from email_platform.db.schema import dead_letters, email_messages
+
+    kept_letter = exists().where(
+        dead_letters.c.event_id == outbox.c.event_id,
+        or_(
+            dead_letters.c.status == "open",
+            dead_letters.c.resolved_at.is_(None),
+            dead_letters.c.resolved_at >= letters_resolved_before,
+        ),
+    )
+    holds_key = exists().where(
+        email_messages.c.event_id == outbox.c.event_id, email_messages.c.dedupe_key.is_not(None)
+    )
+    keep_for_key = (
+        holds_key if dedupe_before is None else and_(holds_key, outbox.c.done_at >= dedupe_before)
+    )
+    return (
+        select(outbox.c.event_id)
+        .where(
+            outbox.c.status.in_(FINISHED),
+            outbox.c.done_at < finished_before,
+            ~kept_letter,
+            ~keep_for_key,
+        )
+        .order_by(outbox.c.done_at, outbox.c.event_id)
+    )
+
+
+def purgeable_ids(connection: Connection, query: Any, limit: int) -> list[str]:
+    """The next ``limit`` ids of ``purgeable_query``; on PostgreSQL locked for this
+    transaction, skipping rows another transaction holds (a replay's claim wins)."""
+    query = query.limit(limit)
+    if connection.dialect.name == "postgresql":
+        query = query.with_for_update(of=outbox, skip_locked=True)
+    return list(connection.execute(query).scalars())
+
+
+def count_of(connection: Connection, query: Any) -> int:
+    """How many rows an id query (``purgeable_query``) selects."""
+    return int(connection.execute(select(func.count()).select_from(query.subquery())).scalar())
+
+
+def delete_events(connection: Connection, event_ids: Sequence[str]) -> int:
+    """Delete these outbox rows; their messages (foreign key) must be gone already."""
+    from sqlalchemy import delete
+
+    if not event_ids:
+        return 0
+    return connection.execute(
+        delete(outbox).where(one_of(connection, outbox.c.event_id, event_ids))
+    ).rowcount
+
+
+def finish_dead(
+    connection: Connection, event_ids: Sequence[str], *, resolution: str, now: datetime
+) -> int:
+    """Dead events whose dead letters all closed without a send (expired) become done; an
+    event a replay took back meanwhile (pending, in flight) is left to it."""
+    total = 0
+    for chunk in _chunks(event_ids, 500):
+        total += connection.execute(
+            update(outbox)
+            .where(one_of(connection, outbox.c.event_id, chunk), outbox.c.status == DEAD)
+            .values(status=DONE, resolution=resolution, done_at=now, lease_expires_at=None)
+        ).rowcount
+    return total

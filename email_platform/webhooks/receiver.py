@@ -1,4 +1,5 @@
-"""The webhook receiver: ``POST /webhooks/{provider}``.
+"""The webhook receiver: ``POST /webhooks/{provider}``, and the one-click unsubscribe links of
+bulk mail (``/unsubscribe/{token}``, see ``unsubscribe.py``).
 
 Order matters: verify the signature (401, nothing stored), read at most the size limit (413),
 store the raw body durably, and only then answer 2xx. A body that verifies but cannot be read
@@ -27,12 +28,15 @@ from starlette.routing import Route
 
 from email_platform.db.errors import refused_by_database
 from email_platform.errors import ConfigurationError
+from email_platform.metrics import metrics_endpoint
 from email_platform.store import inbox
 from email_platform.text import storable_text, text_problem
 from email_platform.timeutil import utcnow
+from email_platform.unsubscribe import Keys
 from email_platform.webhooks import registry
 from email_platform.webhooks.errors import WebhookMalformed, WebhookRejected, WebhookUnavailable
 from email_platform.webhooks.serving import RequestLimits
+from email_platform.webhooks.unsubscribe import unsubscribe_routes
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +87,10 @@ def create_receiver_app(
     max_body_bytes: int = 1024 * 1024,
     providers: Mapping[str, registry.WebhookProvider] | None = None,
     clock: Callable[[], datetime] = utcnow,
+    unsubscribe_keys: Keys | None = None,
 ) -> RequestLimits:
-    """``settings`` holds the webhook secrets (``config.webhook_settings()``)."""
+    """``settings`` holds the webhook secrets (``config.webhook_settings()``);
+    ``unsubscribe_keys`` verify one-click unsubscribe links (None: ``/unsubscribe`` is 404)."""
     known = dict(providers or registry.available())
     verifiers: dict[str, registry.Verifier] = {}
 
@@ -177,6 +183,9 @@ def create_receiver_app(
         routes=[
             Route("/webhooks/{provider}", receive, methods=["POST"]),
             Route("/health", health, methods=["GET"]),
+            # Prometheus scrapes the receiver too (the same series as ``metrics serve``).
+            Route("/metrics", metrics_endpoint(engine), methods=["GET"]),
+            *unsubscribe_routes(engine, unsubscribe_keys, clock),
         ]
     )
     return RequestLimits(app)
@@ -188,9 +197,16 @@ def receiver_app_from_environment() -> RequestLimits:
     engine)."""
     from email_platform import config
     from email_platform.db.engine import make_engine
+    from email_platform.unsubscribe import receiver_keys
 
+    try:
+        keys = receiver_keys(config.unsubscribe_settings())
+    except (ConfigurationError, ValueError) as exc:  # webhooks still flow; /unsubscribe is 404
+        log.error("one-click unsubscribe is off: %s", exc)
+        keys = None
     return create_receiver_app(
         make_engine(config.database_url()),
         settings=config.webhook_settings(),
         max_body_bytes=config.webhook_max_body_bytes(),
+        unsubscribe_keys=keys,
     )
