@@ -5,7 +5,9 @@ Plain data and pure functions; the send op looks events up here, ``publish()`` r
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, time, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from email_platform.errors import UnknownEventVersionError
 from email_platform.lanes import Lane
@@ -23,6 +25,55 @@ class RateLimit:
     def __post_init__(self) -> None:
         if self.max_events < 1 or self.per_s < 1:
             raise ValueError("a rate limit needs max_events >= 1 and per_s >= 1")
+
+
+@dataclass(frozen=True)
+class QuietHours:
+    """A daily window in which a route's mail waits, in the recipient's time zone.
+
+    ``start`` to ``end`` local time (``time(21)`` to ``time(8)`` wraps midnight). The zone is the
+    payload's ``timezone_field`` when it names a known IANA zone, else ``default_timezone``.
+    Critical mail ignores quiet hours.
+    """
+
+    start: time
+    end: time
+    default_timezone: str = "UTC"
+    timezone_field: str | None = "timezone"
+
+    def __post_init__(self) -> None:
+        if self.start == self.end:
+            raise ValueError("quiet hours need a start different from their end")
+        try:
+            ZoneInfo(self.default_timezone)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"quiet hours: unknown time zone {self.default_timezone!r}") from exc
+
+    def zone_for(self, payload: Mapping[str, Any]) -> ZoneInfo:
+        """The recipient's zone; anything a producer sent that is not a zone means the default."""
+        value = payload.get(self.timezone_field) if self.timezone_field else None
+        if isinstance(value, str) and 0 < len(value) <= 64 and value.isprintable():
+            try:
+                return ZoneInfo(value)
+            except (ZoneInfoNotFoundError, ValueError, OSError):
+                pass
+        return ZoneInfo(self.default_timezone)
+
+    def resume_at(self, now: datetime, payload: Mapping[str, Any]) -> datetime | None:
+        """When mail due at ``now`` (UTC) may go: None outside the window, else its end."""
+        zone = self.zone_for(payload)
+        local = now.astimezone(zone)
+        clock = local.time().replace(tzinfo=None)
+        wraps = self.start > self.end
+        inside = (
+            (clock >= self.start or clock < self.end) if wraps else (self.start <= clock < self.end)
+        )
+        if not inside:
+            return None
+        day = local.date() + timedelta(days=1) if wraps and clock >= self.start else local.date()
+        resume = datetime.combine(day, self.end, tzinfo=zone).astimezone(UTC)
+        # A window end in a daylight-saving gap can land before now: never wait backwards.
+        return max(resume, now + timedelta(seconds=1))
 
 
 @dataclass(frozen=True)
@@ -70,6 +121,8 @@ class Route:
     rate_limit: RateLimit | None = None
     #: Called by ``publish()`` with the event; may refuse it (``EventRefusedError``).
     authorize: Authorizer | None = None
+    #: Mail due inside this daily window waits until it ends (not on the critical lane).
+    quiet_hours: QuietHours | None = None
 
     def dedupe_key_for(self, payload: Mapping[str, Any]) -> str | None:
         if self.dedupe_key is None:

@@ -73,6 +73,21 @@ class Preparer:
             sender_address, strict=lane.lane is Lane.BULK
         )
 
+    def _quiet_until(
+        self, routes: Sequence[Route], payload: dict[str, Any], now: datetime
+    ) -> datetime | None:
+        """The latest end of the quiet hours any of the event's routes is in (its mails go
+        together), or None. Critical mail has none; an operator's replay sends at once."""
+        if self.lane.lane is Lane.CRITICAL:
+            return None
+        ends = [
+            end
+            for route in routes
+            if route.quiet_hours is not None
+            and (end := route.quiet_hours.resume_at(now, payload)) is not None
+        ]
+        return max(ends) if ends else None
+
     def prepare(
         self, claimed: Sequence[Row], run_id: str, outcome: BatchOutcome, replay: bool
     ) -> list[Work]:
@@ -122,6 +137,11 @@ class Preparer:
                         now=now,
                     )
                     outcome.ignored += 1
+                    continue
+                resume = None if replay else self._quiet_until(event_routes, payload, now)
+                if resume is not None:
+                    outbox.defer(connection, [event.event_id], run_id, resume)
+                    outcome.deferred += 1
                     continue
                 routed.append(event.event_id)
                 for route in event_routes:

@@ -23,6 +23,8 @@ class BatchOutcome:
     duplicate: int = 0
     dead: int = 0
     ignored: int = 0
+    #: Events given back to wait out a route's quiet hours.
+    deferred: int = 0
     #: Messages that failed transiently this attempt and are still pending.
     transient: list[int] = field(default_factory=list)
     #: Largest Retry-After among the transient failures, if any provider gave one.
@@ -52,6 +54,7 @@ class BatchOutcome:
                 ("expired", self.expired),
                 ("duplicate", self.duplicate),
                 ("no route", self.ignored),
+                ("waiting out quiet hours", self.deferred),
                 ("not claimed (settled, or held by another run)", self.skipped),
             )
             if n

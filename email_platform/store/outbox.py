@@ -258,6 +258,29 @@ def finish(
         )
 
 
+def defer(connection: Connection, event_ids: Sequence[str], run_id: str, until: datetime) -> int:
+    """Give back events ``run_id`` holds, due again at ``until`` (a route's quiet hours).
+
+    The claim that found them too early does not count towards the crash-loop limit.
+    """
+    return connection.execute(
+        update(outbox)
+        .where(
+            outbox.c.event_id.in_(list(event_ids)),
+            outbox.c.status == IN_FLIGHT,
+            outbox.c.claimed_by == run_id,
+        )
+        .values(
+            status=PENDING,
+            available_at=until,
+            claimed_by=None,
+            lease_expires_at=None,
+            requested_at=None,
+            claim_count=outbox.c.claim_count - 1,
+        )
+    ).rowcount
+
+
 def release_run(connection: Connection, run_id: str) -> list[str]:
     """Give back what a failed run still holds, so the next sensor tick requests it again."""
     rows = connection.execute(
