@@ -147,13 +147,15 @@ def trace(
         click.echo(
             f"  message {message['message_id']} {message['route']} -> "
             f"{message['status']} key={message['idempotency_key']} "
-            f"provider_id={message['provider_message_id']}"
+            f"provider={message.get('provider')} provider_id={message['provider_message_id']}"
         )
         for attempt in message["attempts"]:
+            # A failover attempt's error names the provider that took it ("via ... (failover)").
+            said = [attempt["provider_message_id"], attempt["error"]]
             click.echo(
                 f"    attempt {attempt['attempt_no']} run {attempt['run_id']} "
                 f"{attempt['outcome']} http={attempt['http_status']} "
-                f"{attempt['provider_message_id'] or attempt['error'] or ''}"
+                + " ".join(str(part) for part in said if part)
             )
     for letter in chain["dead_letters"]:
         click.echo(

@@ -142,6 +142,14 @@ def test_a_refused_primary_fails_over_and_each_message_is_sent_once(
     (traced,) = chain["messages"]
     assert traced["provider"] == name
     assert traced["attempts"][-1]["error"] == f"via {name} (failover)"
+    # The operator's text trace says it too.
+    from click.testing import CliRunner
+
+    from email_platform.cli import main
+
+    shown = CliRunner().invoke(main, ["trace", ids[0], "--url", database_url]).output
+    assert f"provider={name} provider_id={traced['provider_message_id']}" in shown
+    assert f"{traced['provider_message_id']} via {name} (failover)" in shown
 
 
 def test_a_read_timeout_at_the_primary_is_never_sent_by_the_secondary(
