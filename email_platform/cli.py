@@ -1,6 +1,5 @@
 """``email-platform``: the operator's command line."""
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -8,30 +7,9 @@ from typing import Any
 import click
 
 from email_platform import config
+from email_platform.cli_support import migrated_engine as _engine
+from email_platform.cli_support import print_json as _print_json
 from email_platform.db.engine import make_engine, upgrade
-
-
-def _engine(url: str | None):  # type: ignore[no-untyped-def]
-    """The application database, refusing early (and saying why) if it was never migrated."""
-    from email_platform.db.engine import current_revision
-
-    engine = make_engine(url or config.database_url())
-    try:
-        revision = current_revision(engine)
-    except Exception as exc:  # unreachable server, bad credentials: say which database
-        raise click.ClickException(
-            f"cannot open {engine.url.render_as_string()}: {exc.__class__.__name__}: {exc}"
-        ) from None
-    if revision is None:
-        raise click.ClickException(
-            f"{engine.url.render_as_string()} has no email_platform schema; "
-            "run `email-platform db upgrade` first"
-        )
-    return engine
-
-
-def _print_json(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, sort_keys=True, default=str))
 
 
 @click.group()

@@ -11,10 +11,9 @@ import json
 from typing import Any
 
 import click
-from sqlalchemy import Engine, Row
+from sqlalchemy import Row
 
-from email_platform import config
-from email_platform.db.engine import current_revision, make_engine
+from email_platform.cli_support import migrated_engine as _engine
 from email_platform.lanes import LANES, parse_lane
 from email_platform.store import lane_pauses
 from email_platform.text import text_problem
@@ -24,24 +23,6 @@ MAX_BY = 200
 MAX_REASON = 1000
 #: ``paused_by`` values that mark a brake's pause; an operator cannot take them.
 BRAKE_PREFIX = "brake:"
-
-
-def _engine(url: str | None) -> Engine:
-    """The application database, refusing (and saying why) if it is unreachable or was never
-    migrated: what ``cli._engine`` does (the core may not import the CLI module)."""
-    engine = make_engine(url or config.database_url())
-    try:
-        revision = current_revision(engine)
-    except Exception as exc:  # unreachable server, bad credentials: say which database
-        raise click.ClickException(
-            f"cannot open {engine.url.render_as_string()}: {exc.__class__.__name__}: {exc}"
-        ) from None
-    if revision is None:
-        raise click.ClickException(
-            f"{engine.url.render_as_string()} has no email_platform schema; "
-            "run `email-platform db upgrade` first"
-        )
-    return engine
 
 
 def _lane(value: str) -> str:

@@ -8,26 +8,7 @@ header size, header count and read time (``webhooks.serving``), which the librar
 
 import click
 
-from email_platform import config
-
-
-def _migrated_engine(url: str | None):  # type: ignore[no-untyped-def]
-    """The application database, refused (saying why) if unreachable or never migrated."""
-    from email_platform.db.engine import current_revision, make_engine
-
-    engine = make_engine(url or config.database_url())
-    try:
-        revision = current_revision(engine)
-    except Exception as exc:  # unreachable server, bad credentials: say which database
-        raise click.ClickException(
-            f"cannot open {engine.url.render_as_string()}: {exc.__class__.__name__}: {exc}"
-        ) from None
-    if revision is None:
-        raise click.ClickException(
-            f"{engine.url.render_as_string()} has no email_platform schema; "
-            "run `email-platform db upgrade` first"
-        )
-    return engine
+from email_platform.cli_support import migrated_engine as _migrated_engine
 
 
 @click.group()

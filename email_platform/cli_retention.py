@@ -7,29 +7,10 @@ which only the job (with the Dagster instance at hand) deletes.
 import json
 
 import click
-from sqlalchemy import Engine
 
 from email_platform import config
-from email_platform.db.engine import current_revision, make_engine
+from email_platform.cli_support import migrated_engine as _engine
 from email_platform.errors import ConfigurationError
-
-
-def _engine(url: str | None) -> Engine:
-    """The application database, refusing (and saying why) if it is unreachable or was never
-    migrated: what ``cli._engine`` does (the core may not import the CLI module)."""
-    engine = make_engine(url or config.database_url())
-    try:
-        revision = current_revision(engine)
-    except Exception as exc:  # unreachable server, bad credentials: say which database
-        raise click.ClickException(
-            f"cannot open {engine.url.render_as_string()}: {exc.__class__.__name__}: {exc}"
-        ) from None
-    if revision is None:
-        raise click.ClickException(
-            f"{engine.url.render_as_string()} has no email_platform schema; "
-            "run `email-platform db upgrade` first"
-        )
-    return engine
 
 
 @click.group()

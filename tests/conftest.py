@@ -15,6 +15,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import URL, make_url
 
 from email_platform.db.engine import make_engine, upgrade
+from email_platform.local.dagster_home import WORKSPACE_YAML, PostgresStorage, render_dagster_yaml
 from email_platform.sandbox.server import SandboxConfig, SandboxServer
 from tests.support import fresh_pg_database
 
@@ -100,3 +101,27 @@ def sandbox() -> Iterator[SandboxServer]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def pg_app_url(postgres_admin_url: URL, postgres_template: str) -> Iterator[str]:
+    """A fresh, migrated PostgreSQL application database for a daemon end-to-end test."""
+    with fresh_pg_database(postgres_admin_url, "ep_e2e", postgres_template) as url:
+        yield url.render_as_string(hide_password=False)
+
+
+@pytest.fixture
+def pg_dagster_home(postgres_admin_url: URL, tmp_path: Path) -> Iterator[Path]:
+    """A DAGSTER_HOME whose run, event-log and schedule storage is a fresh PostgreSQL database."""
+    home = tmp_path / "dagster"
+    home.mkdir()
+    with fresh_pg_database(postgres_admin_url, "ep_dagster") as url:
+        storage = PostgresStorage(
+            hostname=url.host or "127.0.0.1",
+            port=url.port or 5432,
+            db_name=url.database or "",
+            username=url.username or "postgres",
+        )
+        (home / "dagster.yaml").write_text(render_dagster_yaml(max_runs=8, postgres=storage))
+        (home / "workspace.yaml").write_text(WORKSPACE_YAML)
+        yield home

@@ -6,26 +6,19 @@ processes, the sandbox over HTTP. One worker is killed mid-drain, as a host that
 import json
 import time
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
-from sqlalchemy.engine import URL
 
 from email_platform.db.engine import make_engine
 from email_platform.local.celery_worker import CeleryWorkerProcess
 from email_platform.local.dagster_home import (
-    WORKSPACE_YAML,
     DaemonProcess,
-    PostgresStorage,
-    render_dagster_yaml,
     wait_for,
 )
 from email_platform.sandbox.server import SandboxConfig, SandboxServer
 from tests.support import (
     celery_workers_by_lane,
-    fresh_pg_database,
     outbox_statuses,
     publish_across_lanes,
     sandbox_messages,
@@ -40,29 +33,6 @@ LANES = {
     "transactional": {"concurrency": 2, "batch_size": 10, "worker_idle_s": 5},
     "bulk": {"concurrency": 2, "batch_size": 10, "workers": 2, "worker_idle_s": 5},
 }
-
-
-@pytest.fixture
-def pg_app_url(postgres_admin_url: URL, postgres_template: str) -> Iterator[str]:
-    with fresh_pg_database(postgres_admin_url, "ep_celery", postgres_template) as url:
-        yield url.render_as_string(hide_password=False)
-
-
-@pytest.fixture
-def pg_dagster_home(postgres_admin_url: URL, tmp_path: Path) -> Iterator[Path]:
-    """A DAGSTER_HOME whose run, event-log and schedule storage is a fresh PostgreSQL database."""
-    home = tmp_path / "dagster"
-    home.mkdir()
-    with fresh_pg_database(postgres_admin_url, "ep_dagster") as url:
-        storage = PostgresStorage(
-            hostname=url.host or "127.0.0.1",
-            port=url.port or 5432,
-            db_name=url.database or "",
-            username=url.username or "postgres",
-        )
-        (home / "dagster.yaml").write_text(render_dagster_yaml(max_runs=8, postgres=storage))
-        (home / "workspace.yaml").write_text(WORKSPACE_YAML)
-        yield home
 
 
 @pytest.mark.timeout(720)

@@ -6,27 +6,21 @@ resets are published one by one, and every reset is accepted within the critical
 import json
 import statistics
 import time
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from sqlalchemy import insert, select
-from sqlalchemy.engine import URL
 
 from email_platform import publish
 from email_platform.db.engine import make_engine
 from email_platform.db.schema import email_messages, email_outbox, lane_workers
 from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane
 from email_platform.local.dagster_home import (
-    WORKSPACE_YAML,
     DaemonProcess,
-    PostgresStorage,
-    render_dagster_yaml,
     wait_for,
 )
 from email_platform.sandbox.server import SandboxConfig, SandboxServer
-from tests.support import fresh_pg_database, outbox_statuses, publish_across_lanes, users
+from tests.support import outbox_statuses, publish_across_lanes, users
 
 pytestmark = pytest.mark.e2e
 
@@ -36,28 +30,6 @@ LANES = {
     "critical": {"warm_workers": 1},
     "bulk": {"workers": 2, "batch_size": 100, "concurrency": 4},
 }
-
-
-@pytest.fixture
-def pg_app_url(postgres_admin_url: URL, postgres_template: str) -> Iterator[str]:
-    with fresh_pg_database(postgres_admin_url, "ep_latency", postgres_template) as url:
-        yield url.render_as_string(hide_password=False)
-
-
-@pytest.fixture
-def pg_dagster_home(postgres_admin_url: URL, tmp_path: Path) -> Iterator[Path]:
-    home = tmp_path / "dagster"
-    home.mkdir()
-    with fresh_pg_database(postgres_admin_url, "ep_latency_dagster") as url:
-        storage = PostgresStorage(
-            hostname=url.host or "127.0.0.1",
-            port=url.port or 5432,
-            db_name=url.database or "",
-            username=url.username or "postgres",
-        )
-        (home / "dagster.yaml").write_text(render_dagster_yaml(max_runs=6, postgres=storage))
-        (home / "workspace.yaml").write_text(WORKSPACE_YAML)
-        yield home
 
 
 def _live_workers(engine, lane: str) -> int:  # type: ignore[no-untyped-def]
