@@ -537,15 +537,16 @@ def webhooks_serve(host: str, port: int, workers: int, url: str | None) -> None:
 
     import uvicorn
 
+    from email_platform import logs
     from email_platform.webhooks.serving import uvicorn_options
 
     engine = _engine(url)  # refuse an unmigrated database before binding the port
     engine.dispose()
     # Each worker process builds its own app from the environment: pass the URL on.
     os.environ[config.PREFIX + "DATABASE_URL"] = engine.url.render_as_string(hide_password=False)
-    click.echo(
+    logs.configure("INFO").info(
         f"webhook receiver on http://{host}:{port}/webhooks/{{provider}} ({workers} process(es))",
-        err=True,
+        **logs.fields(port=port, workers=workers),
     )
     uvicorn.run(
         "email_platform.webhooks.receiver:receiver_app_from_environment",
@@ -554,6 +555,8 @@ def webhooks_serve(host: str, port: int, workers: int, url: str | None) -> None:
         host=host,
         port=port,
         log_level="info",
+        # Every line of the receiver (uvicorn's and ours) as one JSON object on stderr.
+        log_config=logs.uvicorn_log_config("info"),
         access_log=False,
         **uvicorn_options(),
     )

@@ -31,6 +31,7 @@ def serve(host: str, port: int, latency_window_minutes: int, url: str | None) ->
     """Serve GET /metrics (Prometheus text format, or OpenMetrics if asked) until stopped."""
     import uvicorn
 
+    from email_platform import logs
     from email_platform.metrics import create_metrics_app
     from email_platform.webhooks.serving import uvicorn_options
 
@@ -38,5 +39,11 @@ def serve(host: str, port: int, latency_window_minutes: int, url: str | None) ->
     app = create_metrics_app(engine, latency_window_s=latency_window_minutes * 60.0)
     click.echo(f"metrics on http://{host}:{port}/metrics", err=True)
     uvicorn.run(
-        app, host=host, port=port, log_level="warning", access_log=False, **uvicorn_options()
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        log_config=logs.uvicorn_log_config("warning"),
+        access_log=False,
+        **uvicorn_options(),
     )

@@ -4,6 +4,7 @@ from dagster import Definitions, in_process_executor
 
 from email_platform.assets import analytics_assets
 from email_platform.jobs import alert_job, ingest_webhooks_job, lane_worker_job, send_email_job
+from email_platform.loggers import json_console_logger
 from email_platform.resources import (
     AppDatabase,
     EmailProviderResource,
@@ -48,6 +49,8 @@ def build_definitions(
         # seconds under load) for steps that read one DuckDB file one by one anyway. The send
         # and ingestion jobs choose their own executor (jobs.py).
         executor=in_process_executor,
+        # Every job's console lines as JSON objects (the event log keeps the sentences).
+        loggers={"console": json_console_logger},
         resources={
             "app_database": app_database or AppDatabase(),
             "email_provider": email_provider or EmailProviderResource(),

@@ -76,9 +76,21 @@ def alert_job() -> None:
     announce_alert()
 
 
+#: Every run the platform launches names its console logger: Dagster builds a job's own
+#: loggers only when the run config mentions them, else its coloured text console. The
+#: definitions make ``console`` the JSON logger (``email_platform.loggers``).
+RUN_LOGGERS: dict[str, Any] = {"console": {"config": {"log_level": "INFO"}}}
+
+
+def _with_loggers(ops: dict[str, Any]) -> dict[str, Any]:
+    return {"ops": ops, "loggers": {name: dict(c) for name, c in RUN_LOGGERS.items()}}
+
+
 def send_run_config(lane: str, event_ids: Sequence[str]) -> dict[str, Any]:
     """Run config of a ``send_email_job`` run for one lane's batch."""
-    return {"ops": {"send_email_batch": {"config": {"lane": lane, "event_ids": list(event_ids)}}}}
+    return _with_loggers(
+        {"send_email_batch": {"config": {"lane": lane, "event_ids": list(event_ids)}}}
+    )
 
 
 def send_run_event_ids(run_config: Mapping[str, Any] | None) -> list[str]:
@@ -89,18 +101,18 @@ def send_run_event_ids(run_config: Mapping[str, Any] | None) -> list[str]:
 
 def lane_worker_run_config(lane: str) -> dict[str, Any]:
     """Run config of a ``lane_worker_job`` run."""
-    return {"ops": {"run_lane_worker": {"config": {"lane": lane}}}}
+    return _with_loggers({"run_lane_worker": {"config": {"lane": lane}}})
 
 
 def ingest_run_config(inbox_ids: Sequence[int]) -> dict[str, Any]:
     """Run config of an ``ingest_webhooks_job`` run for a batch of stored webhooks."""
-    return {"ops": {"ingest_webhook_batch": {"config": {"inbox_ids": list(inbox_ids)}}}}
+    return _with_loggers({"ingest_webhook_batch": {"config": {"inbox_ids": list(inbox_ids)}}})
 
 
 def alert_run_config(transition: Any) -> dict[str, Any]:
     """The alert job's config for one ``store.alerts.Transition``."""
-    return {
-        "ops": {
+    return _with_loggers(
+        {
             "announce_alert": {
                 "config": {
                     "key": transition.key,
@@ -114,4 +126,4 @@ def alert_run_config(transition: Any) -> dict[str, Any]:
                 }
             }
         }
-    }
+    )

@@ -30,6 +30,7 @@ from dagster import (
 from sqlalchemy import Engine
 
 from email_platform.errors import ConfigurationError
+from email_platform.jobs import lane_worker_run_config
 from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane, LaneConfig
 from email_platform.providers.sandbox import SandboxProvider
 from email_platform.resources import AppDatabase, LanePolicy
@@ -541,7 +542,7 @@ def _worker_job():
     return build_definitions().get_job_def("lane_worker_job")
 
 
-WORKER_CONFIG = {"ops": {"run_lane_worker": {"config": {"lane": "transactional"}}}}
+WORKER_CONFIG = lane_worker_run_config("transactional")
 
 
 def test_failed_worker_run_is_reexecuted_to_replay_its_dead_letters(

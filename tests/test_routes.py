@@ -312,11 +312,12 @@ def test_batch_ids_are_sorted_and_tags_match() -> None:
     }
 
 
-def test_run_config_carries_only_the_lane_and_event_ids() -> None:
+def test_run_config_carries_only_the_lane_event_ids_and_the_json_console() -> None:
     ids = _ids(2)
     [request] = plan_run_requests("critical", [FakeRow(i) for i in ids], 25, 10)
     assert request.run_config == {
-        "ops": {"send_email_batch": {"config": {"lane": "critical", "event_ids": ids}}}
+        "ops": {"send_email_batch": {"config": {"lane": "critical", "event_ids": ids}}},
+        "loggers": {"console": {"config": {"log_level": "INFO"}}},
     }
 
 

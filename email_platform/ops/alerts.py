@@ -4,6 +4,7 @@ from datetime import datetime
 
 from dagster import Config, MetadataValue, OpExecutionContext, op
 
+from email_platform import logs
 from email_platform.alerts import notify
 from email_platform.resources.alerts import AlertSettings
 from email_platform.store.alerts import Transition
@@ -37,17 +38,20 @@ def announce_alert(context: OpExecutionContext, config: AlertConfig, alerts: Ale
         raise_count=config.raise_count,
     )
     line = notify.alert_line(transition)
+    where = logs.fields(alert=config.key, lane=config.lane, state=config.state)
     if config.state == "raised":
-        context.log.error(line)
+        context.log.error(line, **where)
     else:
-        context.log.info(line)
+        context.log.info(line, **where)
     url = alerts.resolved_slack_url()
     posted: str = "no Slack URL configured"
     if url:
         error = notify.post(notify.check_url(url), transition)
         posted = "posted" if error is None else f"not posted: {error}"
         if error is not None:
-            context.log.error(f"alert {config.key} {config.state}: Slack post failed: {error}")
+            context.log.error(
+                f"alert {config.key} {config.state}: Slack post failed: {error}", **where
+            )
     context.add_output_metadata(
         {
             "alert": config.key,

@@ -18,6 +18,7 @@ from dagster import (
 from sqlalchemy import Engine, Row
 from sqlalchemy.exc import SQLAlchemyError
 
+from email_platform import logs
 from email_platform.lanes import LANES, STOP_TAG, LaneConfig, outbox_sensor_name
 from email_platform.ops.reporting import WorkerReporter
 from email_platform.ops.retry import STEP_RETRY_POLICY
@@ -182,6 +183,7 @@ def run_lane_worker(
     provider = email_provider.open(concurrency=lane.concurrency)
     cancel = threading.Event()
     reporter = WorkerReporter(context, lane.lane.value)
+    log = logs.bind(context.log, lane=lane.lane.value, run_id=context.run_id)
     try:
         sender = make_sender(context, lane, engine, provider, email_provider, routing, cancel)
         stopping = stop_check(
@@ -197,7 +199,7 @@ def run_lane_worker(
             lane=lane,
             run_id=context.run_id,
             should_stop=stopping,
-            log=context.log,
+            log=log,
             on_batch=reporter,
         )
         with interrupts_set(cancel):
@@ -208,7 +210,7 @@ def run_lane_worker(
     counts = dict(result.totals)
     counts.update(batches=result.batches, released=result.released)
     ending = stopping.detail if result.reason == stopping.reason else None
-    context.log.info(
+    log.info(
         f"lane worker ended, {ending or ENDINGS.get(result.reason, result.reason)}; after "
         f"{result.batches} batch(es) it sent {counts.get('sent', 0)}, dead-lettered "
         f"{counts.get('dead_lettered', 0)}, gave back {result.released} event(s)"
@@ -258,13 +260,14 @@ def _replay_dead_letters(
 ) -> dict:
     """Re-execution of a worker run: send its open dead letters again, as a batch run would."""
     run = context.run
+    log = logs.bind(context.log, lane=lane.lane.value, run_id=context.run_id)
     owners = [r for r in (run.parent_run_id, run.root_run_id) if r]
     with app_database.get_engine().connect() as connection:
         event_ids = dead_letters.open_event_ids_of_runs(connection, owners)
     if not event_ids:
-        context.log.info("the re-executed worker run has no open dead letters: nothing to replay")
+        log.info("the re-executed worker run has no open dead letters: nothing to replay")
         return {"requested": 0}
-    context.log.info(f"replaying {len(event_ids)} event(s) with open dead letters of {owners}")
+    log.info(f"replaying {len(event_ids)} event(s) with open dead letters of {owners}")
     return send_batch(
         context,
         lane=lane,

@@ -12,6 +12,7 @@ from dagster import (
 )
 from sqlalchemy import Engine
 
+from email_platform import logs
 from email_platform.lanes import LaneConfig
 from email_platform.ops.reporting import observe_sends, run_metadata, tag_dead_letters
 from email_platform.ops.retry import retried_on_error
@@ -67,6 +68,7 @@ def send_batch(
 ) -> dict:
     """One attempt of a batch: send, then retry (RetryRequested) or fail on dead letters."""
     engine = app_database.get_engine()
+    log = logs.bind(context.log, lane=lane.lane.value, run_id=context.run_id)
     run = context.run
     is_reexecution = run.parent_run_id is not None
     previous_owners = [r for r in (run.parent_run_id, run.root_run_id) if r]
@@ -83,18 +85,18 @@ def send_batch(
         provider.close()
 
     attempt = context.retry_number
-    context.log.info(f"{lane.lane.value} batch, attempt {attempt}: {outcome.summary()}")
+    log.info(f"{lane.lane.value} batch, attempt {attempt}: {outcome.summary()}")
     if outcome.transient:
         if context.retry_number < lane.max_retries:
             wait_s = retry_wait_s(lane, context.retry_number, outcome.retry_after_s)
-            context.log.warning(
+            log.warning(
                 f"{len(outcome.transient)} message(s) failed transiently; retry "
                 f"{context.retry_number + 1}/{lane.max_retries} in {wait_s:.2f}s"
             )
             raise RetryRequested(max_retries=lane.max_retries, seconds_to_wait=wait_s)
         exhausted = sender.give_up(outcome.transient, run_id=context.run_id)
         outcome.dead += exhausted
-        context.log.error(f"retries exhausted: {exhausted} message(s) dead-lettered")
+        log.error(f"retries exhausted: {exhausted} message(s) dead-lettered")
 
     counts = outcome.as_metadata()
     observe_sends(context, lane.lane.value, counts)
@@ -118,7 +120,7 @@ def make_sender(
         resolver=routing.resolver(engine),
         lane=lane,
         sender_address=email_provider.settings().sender,
-        log=context.log,
+        log=logs.bind(context.log, lane=lane.lane.value, run_id=context.run_id),
         cancel=cancel,
     )
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy import Engine, Row
 
-from email_platform import tracing
+from email_platform import logs, tracing
 from email_platform.db.errors import refused_by_database
 from email_platform.errors import UnstorableEventError
 from email_platform.lanes import LaneConfig
@@ -53,7 +53,7 @@ class BatchSender:
     ) -> None:
         self.engine = engine
         self.lane = lane
-        self.log = log or logging.getLogger(__name__)
+        self.log = log or logs.bind(logging.getLogger(__name__), lane=lane.lane.value)
         #: Set when the run is asked to stop: no new provider call starts, the ones in flight
         #: are recorded, and what was not sent stays pending under its key.
         self.cancel = cancel or threading.Event()

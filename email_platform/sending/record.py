@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import Engine, Row
 
-from email_platform import tracing
+from email_platform import logs, tracing
 from email_platform.classify import is_transient
 from email_platform.db.errors import refused_by_database
 from email_platform.db.schema import email_messages
@@ -34,6 +34,19 @@ _PROVIDER_ID_LENGTH = email_messages.c.provider_message_id.type.length
 def _provider_id(value: str | None) -> str | None:
     """A provider's message id as stored: an odd one (NUL, over-long) is cleaned, not refused."""
     return storable_text(value, _PROVIDER_ID_LENGTH)
+
+
+def message_fields(message: Any, trace: Any = None, **more: Any) -> dict[str, Any]:
+    """``extra=`` for a line about one message row: its ids, and the event's trace fields."""
+    values = {
+        "event_id": message.event_id,
+        "message_id": message.message_id,
+        "idempotency_key": getattr(message, "idempotency_key", None),
+        "provider_message_id": getattr(message, "provider_message_id", None),
+        **logs.trace_fields(trace),
+    }
+    values.update(more)
+    return logs.fields(**values)
 
 
 def _via(secondary: str | None, text: str | None = None) -> str | None:
@@ -57,6 +70,10 @@ class Recorder:
         self.lane = lane
         self.provider_name = provider_name
         self.log = log
+        #: One line per message accepted: the stdlib logger, never Dagster's event log.
+        self.message_log = logs.bind(
+            logging.getLogger(logs.MESSAGES_LOGGER), lane=lane.lane.value, provider=provider_name
+        )
 
     # ---- provider answers ---------------------------------------------------------------------
 
@@ -189,6 +206,20 @@ class Recorder:
             now=now,
         )
         outcome.sent += len(accepted)
+        if self.message_log.isEnabledFor(logging.INFO):
+            for item, result, _ in accepted:
+                self.message_log.info(
+                    "accepted by the provider",
+                    **message_fields(
+                        item.message,
+                        item.email,
+                        provider_message_id=result.provider_message_id,
+                        provider=result.provider or self.provider_name,
+                        run_id=run_id,
+                        attempt_no=item.message.attempts + 1,
+                        http_status=result.status_code,
+                    ),
+                )
 
     def accepted_per_provider(
         self,
@@ -232,7 +263,10 @@ class Recorder:
         self.log.warning(
             f"event_id={message.event_id}{tracing.log_fields(trace)} "
             f"message={message.message_id} recorded as sent: "
-            "its answer was lost, the provider's webhooks show it accepted"
+            "its answer was lost, the provider's webhooks show it accepted",
+            **message_fields(
+                message, trace, provider_message_id=provider_message_id, run_id=run_id
+            ),
         )
 
     def _record_failure(
@@ -288,7 +322,16 @@ class Recorder:
             self.log.warning(
                 f"event_id={message.event_id}{tracing.log_fields(item.email)} "
                 f"message={message.message_id} transient failure, will retry: "
-                f"{loggable(str(result), message.recipient)}"
+                f"{loggable(str(result), message.recipient)}",
+                **message_fields(
+                    message,
+                    item.email,
+                    run_id=run_id,
+                    provider=secondary or self.provider_name,
+                    attempt_no=attempt_no,
+                    http_status=result.status_code,
+                    error_code=result.code,
+                ),
             )
             return
         refreshed = messages.get(connection, message.message_id)
@@ -320,6 +363,9 @@ class Recorder:
         messages.set_status(connection, message.message_id, status, now, last_error=why)
         dead_letters.resolve_for_messages(
             connection, [message.message_id], status=letter_status, run_id=run_id, now=now
+        )
+        self.message_log.info(
+            f"not sent: {status}", **message_fields(message, run_id=run_id, status=status)
         )
 
     def dead_letter_for(
@@ -381,7 +427,8 @@ class Recorder:
         self.log.error(
             f"event_id={message.event_id}{tracing.log_fields(trace)} "
             f"message={message.message_id} dead-lettered ({reason}): "
-            f"{loggable(error, message.recipient)}"
+            f"{loggable(error, message.recipient)}",
+            **message_fields(message, trace, run_id=run_id, reason=reason, error_code=code),
         )
 
     def dead_letter_event(
@@ -406,7 +453,14 @@ class Recorder:
         )
         self.log.error(
             f"event_id={event.event_id}{tracing.log_fields(event)} "
-            f"dead-lettered ({error.reason}): {loggable(str(error))}"
+            f"dead-lettered ({error.reason}): {loggable(str(error))}",
+            **logs.fields(
+                event_id=event.event_id,
+                run_id=run_id,
+                reason=error.reason,
+                error_code=error.code,
+                **logs.trace_fields(event),
+            ),
         )
 
     def crash_loop(

@@ -24,6 +24,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
+from email_platform import logs
 from email_platform.lanes import LaneConfig
 from email_platform.sending.batch import BatchOutcome, BatchSender
 from email_platform.sending.leases import RENEW_EVERY_S, LeaseRenewer, renew_every_s
@@ -80,7 +81,7 @@ class LaneWorker:
         self.lane = lane
         self.run_id = run_id
         self.should_stop = should_stop
-        self.log = log or logging.getLogger(__name__)
+        self.log = log or logs.bind(logging.getLogger(__name__), lane=lane.lane.value)
         self.clock = clock
         #: Called after each batch is counted, with the totals so far (the op tags the run and
         #: records observations from it).

@@ -16,6 +16,7 @@ from dagster import (
     sensor,
 )
 
+from email_platform import logs
 from email_platform.alerts import conditions as found
 from email_platform.errors import ConfigurationError
 from email_platform.jobs import (
@@ -138,7 +139,10 @@ def alerts_sensor(
         return SkipReason(f"{len(conditions)} alert(s) open, none raised or resolved.")
     requests = []
     for transition in transitions:
-        context.log.info(f"alert {transition.state}: {transition.key}: {transition.summary}")
+        context.log.info(
+            f"alert {transition.state}: {transition.key}: {transition.summary}",
+            **logs.fields(alert=transition.key, lane=transition.lane, state=transition.state),
+        )
         requests.append(
             RunRequest(
                 run_key=(f"alert:{transition.key}:{transition.raise_count}:{transition.state}"),

@@ -19,6 +19,7 @@ from dagster import (
     sensor,
 )
 
+from email_platform import logs
 from email_platform.lanes import Lane
 from email_platform.resources import AppDatabase
 from email_platform.resources.brakes import BrakePolicy, BrakeSettings
@@ -158,7 +159,7 @@ def make_brake_sensor(policy: BrakePolicy | None = None) -> SensorDefinition:
             return SkipReason("Brakes are off (EMAIL_PLATFORM_BRAKES=off).")
         outcome = evaluate_brakes(app_database, settings)
         if outcome.startswith("BRAKE:"):
-            context.log.warning(outcome)
+            context.log.warning(outcome, **logs.fields(lane=BRAKED_LANE.value))
         return SkipReason(outcome)
 
     return _brake_sensor

@@ -19,6 +19,7 @@ from dagster import (
 )
 from sqlalchemy import Row
 
+from email_platform import logs
 from email_platform.ids import new_ulid
 from email_platform.jobs import (
     lane_worker_job,
@@ -264,7 +265,7 @@ def keep_workers(
                 start = missing
     if not start:
         return SkipReason(f"No due {name} events in the outbox.")
-    context.log.info(f"starting {start} {name} worker run(s)")
+    context.log.info(f"starting {start} {name} worker run(s)", **logs.fields(lane=name))
     return SensorResult(run_requests=[worker_run_request(lane) for _ in range(start)])
 
 
@@ -339,7 +340,12 @@ def make_outbox_sensor(lane: Lane) -> SensorDefinition:
             # Marked before the requests leave the tick: a batch waits for its run instead of
             # being requested again (in another shape) by the next tick.
             outbox.mark_requested(connection, [r.event_id for r in rows], now)
-        context.log.info(f"{len(requests)} {lane.value} run request(s) for {len(rows)} event(s)")
+        context.log.info(
+            f"{len(requests)} {lane.value} run request(s) for {len(rows)} event(s)",
+            **logs.fields(
+                lane=lane.value, first_event_id=rows[0].event_id, last_event_id=rows[-1].event_id
+            ),
+        )
         return SensorResult(run_requests=requests)
 
     return _outbox_sensor

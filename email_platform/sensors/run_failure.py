@@ -2,6 +2,7 @@
 
 from dagster import DefaultSensorStatus, RunFailureSensorContext, run_failure_sensor
 
+from email_platform import logs
 from email_platform.jobs import (
     ingest_webhooks_job,
     lane_worker_job,
@@ -40,5 +41,11 @@ def email_run_failure_sensor(context: RunFailureSensorContext, app_database: App
     if released:
         context.log.warning(
             f"run {run.run_id} failed holding {len(released)} event(s); released them: "
-            f"first_event_id={released[0]} last_event_id={released[-1]}"
+            f"first_event_id={released[0]} last_event_id={released[-1]}",
+            **logs.fields(
+                run_id=run.run_id,
+                lane=run.tags.get("email/lane"),
+                first_event_id=released[0],
+                last_event_id=released[-1],
+            ),
         )

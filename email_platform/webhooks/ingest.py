@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from email_platform import tracing
+from email_platform import logs, tracing
 from email_platform.db.errors import database_unavailable
 from email_platform.db.schema import email_events as email_events_table
 from email_platform.store import email_events, inbox, messages, outbox, suppressions
@@ -75,12 +75,15 @@ class WebhookIngestor:
         self.engine = engine
         self.providers = dict(providers or registry.available())
         self.log = log or logging.getLogger(__name__)
+        #: One line per provider event applied: the stdlib logger, never Dagster's event log.
+        self.message_log = logs.bind(logging.getLogger(logs.MESSAGES_LOGGER))
         # Set per run: whether to emit spans, and the trace contexts of the events seen so far.
         self._traced = False
         self._contexts: dict[str, Any] = {}
 
     def run(self, inbox_ids: Sequence[int], *, run_id: str, lease_s: int = 300) -> IngestOutcome:
         outcome = IngestOutcome()
+        self.message_log = logs.bind(logging.getLogger(logs.MESSAGES_LOGGER), run_id=run_id)
         self._traced = tracing.active()
         self._contexts = {}
         with self.engine.begin() as connection:
@@ -188,15 +191,28 @@ class WebhookIngestor:
                 "raw": event.raw,
             },
         )
+        ids = logs.fields(
+            event_id=event_id,
+            message_id=message.message_id if message is not None else None,
+            idempotency_key=idempotency_key,
+            provider_message_id=provider_message_id,
+            provider=event.provider,
+            provider_event_id=event.provider_event_id,
+            webhook_event=event.event_type,
+            inbox_id=inbox_id,
+        )
         if not stored:
             outcome.duplicates += 1
+            self.message_log.info("provider event already applied", **ids)
             return
         outcome.applied += 1
+        self.message_log.info(f"provider event applied: {event.event_type}", **ids)
         if message is None:
             outcome.unlinked += 1
             self.log.warning(
                 f"provider event {event.provider_event_id} ({event.event_type}) "
-                f"matches no message (event_id={event.event_id})"
+                f"matches no message (event_id={event.event_id})",
+                **ids,
             )
         else:
             # Recomputed from every stored event: the same answer in any order, and after a

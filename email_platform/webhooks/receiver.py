@@ -15,8 +15,9 @@ size and the time to read a request are bounded (``serving.py``).
 
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -26,6 +27,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from email_platform import logs
 from email_platform.db.errors import refused_by_database
 from email_platform.errors import ConfigurationError
 from email_platform.metrics import metrics_endpoint
@@ -121,6 +123,7 @@ def create_receiver_app(
             log.warning("webhook from %s cannot be verified right now: %s", name, exc)
             return JSONResponse({"error": "verification unavailable, retry later"}, status_code=503)
         except WebhookRejected as exc:
+            log.warning(f"webhook from {name} rejected: {exc.reason}", **logs.fields(provider=name))
             return JSONResponse({"error": exc.reason}, status_code=401)
         except Exception as exc:  # a check that cannot even run on this input is a failed check
             log.warning(
@@ -128,10 +131,10 @@ def create_receiver_app(
             )
             return JSONResponse({"error": "signature could not be verified"}, status_code=401)
 
-        status, error = inbox.PENDING, None
+        status, error, normalized = inbox.PENDING, None, []
         try:
             text = body.decode("utf-8")
-            known[name].normalize(body)
+            normalized = known[name].normalize(body)
         except Exception as exc:  # undecodable, or a shape the normalizer cannot read
             text = body.decode("utf-8", errors="replace")
             status = inbox.MALFORMED
@@ -169,10 +172,15 @@ def create_receiver_app(
                 raise
             log.error("webhook inbox unavailable: %s", exc)
             return JSONResponse({"error": "storage unavailable, retry later"}, status_code=503)
+        ids = _ids_of(normalized) if status != inbox.MALFORMED else {}
+        where = logs.fields(provider=name, delivery_id=delivery_id, inbox_id=inbox_id, **ids)
         if status == inbox.MALFORMED:
+            log.warning(f"webhook from {name} stored as malformed: {error}", **where)
             return JSONResponse({"error": error, "inbox_id": inbox_id}, status_code=400)
         if inbox_id is None:
+            log.info(f"webhook from {name} already stored", **where)
             return JSONResponse({"status": "duplicate"}, status_code=200)
+        log.info(f"webhook from {name} stored", **where)
         return JSONResponse({"status": "stored", "inbox_id": inbox_id}, status_code=200)
 
     async def health(request: Request) -> JSONResponse:
@@ -189,6 +197,21 @@ def create_receiver_app(
         ]
     )
     return RequestLimits(app)
+
+
+def _ids_of(events: Sequence[Any]) -> dict[str, Any]:
+    """The ids a stored webhook names, for its log line: its first event's, when it has one
+    (a batch of events logs each one as it is applied)."""
+    if not events:
+        return {}
+    first = events[0]
+    return {
+        "event_id": first.event_id,
+        "idempotency_key": first.idempotency_key,
+        "provider_message_id": first.provider_message_id,
+        "webhook_event": first.event_type,
+        "events": len(events),
+    }
 
 
 def receiver_app_from_environment() -> RequestLimits:

@@ -1,0 +1,174 @@
+"""Structured log lines: every line a JSON object, so one search finds a message's whole story.
+
+Code logs a human sentence and hands the ids it knows as fields (``fields(...)``, or a logger
+from ``bind(...)`` that adds them to every line). ``JsonFormatter`` writes the sentence as
+``msg`` beside those fields, and the run id, job and step Dagster attaches to its own records.
+JSON escapes every control character, so a hostile value can neither break a line nor forge one.
+
+The same fields reach every sink: Dagster's event log keeps the sentence (what the UI shows),
+the run's console logger (``email_platform.loggers``) and the processes' stderr get the JSON,
+and sensor tick logs store each record whole, fields included. Per-message lines (a message
+accepted, a webhook applied) go to the stdlib logger ``email_platform.messages`` only: one
+event-log row per email would cost the database more than the send.
+"""
+
+import json
+import logging
+import sys
+from collections.abc import Mapping, MutableMapping
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+#: The ids a line carries where known, in the order they are written.
+FIELDS = (
+    "event_id",
+    "message_id",
+    "idempotency_key",
+    "provider_message_id",
+    "run_id",
+    "lane",
+    "provider",
+    "trace_id",
+    "correlation_id",
+)
+#: The record attribute the fields travel in (one name: no clash with LogRecord's own).
+ATTRIBUTE = "email_fields"
+#: Per-message lines: one for each message accepted, each webhook event applied.
+MESSAGES_LOGGER = "email_platform.messages"
+_HANDLER_MARK = "_email_platform_json"
+_DAGSTER_META = "dagster_meta"
+
+
+def fields(**values: Any) -> dict[str, Any]:
+    """``extra=`` for one log call: ``log.info("sent", **fields(event_id=...))``.
+
+    None values are left out, so a line says only what is known."""
+    return {"extra": {ATTRIBUTE: {k: v for k, v in values.items() if v is not None}}}
+
+
+def trace_fields(item: Any) -> dict[str, Any]:
+    """``trace_id`` and ``correlation_id`` of an outbox row or ``OutgoingEmail``, those set."""
+    return {
+        name: value
+        for name in ("trace_id", "correlation_id")
+        if (value := getattr(item, name, None))
+    }
+
+
+class BoundLogger(logging.LoggerAdapter):
+    """A logger whose every line carries ``bound`` fields, merged with the call's own.
+
+    Works over a stdlib logger and over Dagster's ``context.log`` alike (both take ``extra``).
+    """
+
+    def __init__(self, logger: logging.Logger | logging.LoggerAdapter, **bound: Any) -> None:
+        super().__init__(logger, {k: v for k, v in bound.items() if v is not None})  # type: ignore[arg-type]
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, Any]:
+        extra = dict(kwargs.get("extra") or {})
+        extra[ATTRIBUTE] = {**(self.extra or {}), **extra.get(ATTRIBUTE, {})}
+        kwargs["extra"] = extra
+        return msg, kwargs
+
+    def bind(self, **more: Any) -> "BoundLogger":
+        return BoundLogger(self.logger, **{**(self.extra or {}), **more})
+
+
+def bind(logger: logging.Logger | logging.LoggerAdapter, **bound: Any) -> BoundLogger:
+    """``logger`` with ``bound`` fields on every line (``lane``, ``run_id`` ...)."""
+    if isinstance(logger, BoundLogger):
+        return logger.bind(**bound)
+    return BoundLogger(logger, **bound)
+
+
+def fields_of(record: logging.LogRecord) -> dict[str, Any]:
+    """The fields a record carries (empty when it was logged without any)."""
+    found = getattr(record, ATTRIBUTE, None)
+    return dict(found) if isinstance(found, Mapping) else {}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: ``ts``, ``level``, ``logger``, ``msg``, then the fields.
+
+    On a Dagster record the sentence is the one the code logged (not Dagster's
+    ``job - run - step - msg`` prefix), and its run id, job, step and event type are fields.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+        }
+        meta = getattr(record, _DAGSTER_META, None)
+        if isinstance(meta, Mapping):
+            line["msg"] = str(meta.get("orig_message") or record.getMessage())
+            for key, name in (("run_id", "run_id"), ("job_name", "job"), ("step_key", "step")):
+                if meta.get(key):
+                    line[name] = meta[key]
+            event = meta.get("dagster_event")
+            event_type = getattr(event, "event_type_value", None)
+            if event_type:
+                line["dagster_event"] = event_type
+            if meta.get("name") and "job" not in line:
+                line["sensor"] = meta["name"]  # a sensor's or schedule's record
+        else:
+            line["msg"] = record.getMessage()
+        line.update(fields_of(record))
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str, ensure_ascii=True)
+
+
+class _CurrentStderr(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the moment (a host may swap it, as pytest and
+    Dagster's log capture do), never to a stream closed since."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: TextIO) -> None:
+        pass
+
+
+def json_handler(stream: TextIO | None = None) -> logging.Handler:
+    handler = logging.StreamHandler(stream) if stream is not None else _CurrentStderr()
+    handler.setFormatter(JsonFormatter())
+    setattr(handler, _HANDLER_MARK, True)
+    return handler
+
+
+def configure(level: int | str = logging.INFO, stream: TextIO | None = None) -> logging.Logger:
+    """Write the ``email_platform`` loggers' lines to stderr as JSON, at ``level``.
+
+    Idempotent: a process that calls it twice still writes each line once (the level is
+    updated). Records still propagate, so a host's own handlers (pytest's, an embedding
+    application's) see them too.
+    """
+    logger = logging.getLogger("email_platform")
+    logger.setLevel(level)
+    if not any(getattr(h, _HANDLER_MARK, False) for h in logger.handlers):
+        logger.addHandler(json_handler(stream))
+    return logger
+
+
+def uvicorn_log_config(level: str = "info") -> dict[str, Any]:
+    """``uvicorn.run(log_config=...)``: uvicorn's own lines and ours, as JSON on stderr."""
+    handler = {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": f"{__name__}.JsonFormatter"}},
+        "handlers": {"stderr": handler},
+        "loggers": {
+            "uvicorn": {"handlers": ["stderr"], "level": level.upper(), "propagate": False},
+            "uvicorn.error": {"level": level.upper()},
+            "uvicorn.access": {"handlers": ["stderr"], "level": level.upper(), "propagate": False},
+            "email_platform": {"handlers": ["stderr"], "level": level.upper()},
+        },
+    }
