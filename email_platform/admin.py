@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Row
 
 from email_platform.lanes import LANES
-from email_platform.store import attempts, dead_letters, email_events, messages, outbox
+from email_platform.store import attempts, circuits, dead_letters, email_events, messages, outbox
 from email_platform.timeutil import as_utc, isoformat, utcnow
 
 #: The percentiles of ``status``'s publish-to-accepted latency.
@@ -31,6 +31,7 @@ def status(
         backlog = outbox.lane_backlog(connection)
         by_reason = dead_letters.open_by_reason(connection)
         latency = messages.accepted_latency_percentiles(connection, since, LATENCY_PERCENTILES)
+        not_closed = circuits.not_closed(connection, now)
     lanes: dict[str, dict[str, Any]] = {}
     for lane in LANES:
         depth, oldest = backlog.get(lane.value, (0, None))
@@ -45,6 +46,8 @@ def status(
         "lanes": lanes,
         "dead_letters": {"open": sum(by_reason.values()), "by_reason": by_reason},
         "latency": _latency_report(latency, latency_minutes),
+        # Providers whose circuit breaker turns a sending process away: processes per state.
+        "circuits": circuits.by_provider(not_closed),
     }
 
 

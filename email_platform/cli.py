@@ -75,6 +75,9 @@ def status(as_json: bool, url: str | None, latency_minutes: int) -> None:
             for p in ("p50", "p95", "p99")
         )
         click.echo(f"latency {lane:<13} accepted={info['accepted']:<6} {shown} (last {window} min)")
+    for provider, states in sorted(report["circuits"].items()):
+        held = " ".join(f"{state}={n}" for state, n in sorted(states.items()))
+        click.echo(f"circuit {provider:<13} {held} (sending processes turned away)")
 
 
 @main.command()
@@ -130,9 +133,10 @@ def trace(
         for attempt in message["attempts"]:
             # A failover attempt's error names the provider that took it ("via ... (failover)").
             said = [attempt["provider_message_id"], attempt["error"]]
+            via = f" provider={attempt['provider']}" if attempt.get("provider") else ""
             click.echo(
                 f"    attempt {attempt['attempt_no']} run {attempt['run_id']} "
-                f"{attempt['outcome']} http={attempt['http_status']} "
+                f"{attempt['outcome']}{via} http={attempt['http_status']} "
                 + " ".join(str(part) for part in said if part)
             )
     for letter in chain["dead_letters"]:

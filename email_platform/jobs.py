@@ -65,7 +65,8 @@ def lane_worker_job() -> None:
 @job(
     description=(
         "Announces one alert raised or resolved by the alerts sensor (a dead letter, a late "
-        "lane, a silent worker, a failed run, a misconfigured provider, a tripped brake): "
+        "lane, a silent worker, a failed run, a misconfigured provider, a tripped brake, an "
+        "open circuit): "
         "logs it as JSON and posts it to the configured Slack-compatible webhook. The run's "
         "tags say the alert and whether it was raised or resolved."
     ),

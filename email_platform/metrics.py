@@ -42,7 +42,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from email_platform.lanes import LANES
-from email_platform.store import attempts, messages, metrics_queries
+from email_platform.store import attempts, circuits, messages, metrics_queries
 from email_platform.timeutil import as_utc, utcnow
 
 log = logging.getLogger(__name__)
@@ -163,6 +163,7 @@ class OperationalCollector(Collector):
             workers = metrics_queries.live_lane_workers(
                 connection, now - timedelta(seconds=WORKER_STALE_S)
             )
+            not_closed = circuits.by_provider(circuits.not_closed(connection, now))
         every_lane = sorted({*lanes, *queues, *latency, *workers})
         return [
             *_queue_families(queues, every_lane, now),
@@ -175,7 +176,21 @@ class OperationalCollector(Collector):
                 workers,
                 every_lane,
             ),
+            _circuit_family(not_closed),
         ]
+
+
+def _circuit_family(not_closed: dict[str, dict[str, int]]) -> Metric:
+    family = GaugeMetricFamily(
+        PREFIX + "provider_circuit_not_closed",
+        "Sending processes whose circuit breaker for the provider is open (turning sends away) "
+        "or half_open (one probe out); no sample: every circuit closed.",
+        labels=["provider", "state"],
+    )
+    for provider, states in sorted(not_closed.items()):
+        for state, n in sorted(states.items()):
+            family.add_metric([provider, state], n)
+    return family
 
 
 def _gauge(name: str, doc: str, values: dict[str, float], lanes: list[str]) -> GaugeMetricFamily:

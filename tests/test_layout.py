@@ -12,7 +12,17 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "email_platform"
 #: The Dagster shell and the entry points that may use it.
-SHELL = ("ops", "sensors", "assets", "resources", "jobs", "executors", "definitions", "cli")
+SHELL = (
+    "ops",
+    "sensors",
+    "assets",
+    "resources",
+    "jobs",
+    "executors",
+    "definitions",
+    "loggers",
+    "cli",
+)
 #: Harnesses: the fake provider and the one-machine runners (demo, local daemon).
 HARNESSES = ("sandbox", "local")
 

@@ -13,7 +13,7 @@ from datetime import datetime
 from sqlalchemy import Connection
 
 from email_platform.lanes import LaneConfig
-from email_platform.store import lane_pauses
+from email_platform.store import circuits, lane_pauses
 from email_platform.store.metrics_queries import lane_queues, open_dead_letters
 from email_platform.timeutil import as_utc
 
@@ -24,7 +24,8 @@ WORKER_SILENT = "worker_silent"  # :<lane>
 BRAKE = "brake"  # :<lane>
 RUN_FAILED = "run_failed"  # :<run id>
 CONFIGURATION = "configuration"  # :provider
-KINDS = (DEAD_LETTERS, LANE_LATE, WORKER_SILENT, BRAKE, RUN_FAILED, CONFIGURATION)
+CIRCUIT_OPEN = "circuit_open"  # :<provider>
+KINDS = (DEAD_LETTERS, LANE_LATE, WORKER_SILENT, BRAKE, RUN_FAILED, CONFIGURATION, CIRCUIT_OPEN)
 
 
 @dataclass(frozen=True)
@@ -149,3 +150,30 @@ def configuration_condition(error: str) -> Condition:
         kind=CONFIGURATION,
         summary=f"no lane can send: the provider is misconfigured: {error}"[:500],
     )
+
+
+def circuit_conditions(connection: Connection, now: datetime) -> list[Condition]:
+    """One per provider whose circuit breaker is open or probing in a live sending process."""
+    found: dict[str, list[circuits.CircuitView]] = {}
+    for view in circuits.not_closed(connection, now):
+        found.setdefault(view.provider, []).append(view)
+    conditions = []
+    for provider, views in sorted(found.items()):
+        opened = [as_utc(v.opened_at) for v in views if v.opened_at is not None]
+        since = f", open for {_age(now, min(opened)):.0f} s" if opened else ""
+        lanes = sorted({v.lane for v in views if v.lane})
+        conditions.append(
+            Condition(
+                key=f"{CIRCUIT_OPEN}:{provider}",
+                kind=CIRCUIT_OPEN,
+                lane=lanes[0] if len(lanes) == 1 else None,
+                summary=(
+                    f"provider {provider}: the circuit breaker of {len(views)} sending "
+                    f"process(es) ({', '.join(lanes) or 'no lane'}) is "
+                    + "/".join(sorted({v.state for v in views}))
+                    + f"{since}; sends wait (or go to the failover provider) until a probe "
+                    "succeeds"
+                ),
+            )
+        )
+    return conditions

@@ -124,6 +124,8 @@ email_attempts = Table(
     Column("provider_message_id", String(255)),
     Column("error", Text),
     Column("retry_after_s", Float),
+    # The provider this call went to (a failover's secondary names itself); null before 0011.
+    Column("provider", String(40)),
 )
 Index("ix_email_attempts_message", email_attempts.c.message_id)
 Index("ix_email_attempts_event", email_attempts.c.event_id)
@@ -295,3 +297,20 @@ alerts = Table(
     Column("raise_count", Integer, nullable=False, server_default="1"),
 )
 Index("ix_alerts_resolved_at", alerts.c.resolved_at)
+
+# One row per (provider, sending process): the state of that process's circuit breaker, written
+# at each transition and deleted when the run ends. A row is someone's view, not the truth for
+# every process: the alert and the metric count processes whose circuit is open.
+provider_circuits = Table(
+    "provider_circuits",
+    metadata,
+    Column("provider", String(40), primary_key=True),
+    # The run id of the sending process.
+    Column("holder", String(64), primary_key=True),
+    Column("lane", String(20)),
+    # closed | open | half_open
+    Column("state", String(12), nullable=False),
+    Column("changed_at", DateTime(timezone=True), nullable=False),
+    # When the circuit last opened (kept while it probes, cleared when it closes).
+    Column("opened_at", DateTime(timezone=True)),
+)

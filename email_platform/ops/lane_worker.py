@@ -22,7 +22,13 @@ from email_platform import logs
 from email_platform.lanes import LANES, STOP_TAG, LaneConfig, outbox_sensor_name
 from email_platform.ops.reporting import WorkerReporter
 from email_platform.ops.retry import STEP_RETRY_POLICY
-from email_platform.ops.send import finish_with_dead_letters, make_sender, send_batch
+from email_platform.ops.send import (
+    close_provider,
+    finish_with_dead_letters,
+    make_sender,
+    open_provider,
+    send_batch,
+)
 from email_platform.resources import AppDatabase, EmailProviderResource, LanePolicy, RoutingResource
 from email_platform.sending.worker import LaneWorker
 from email_platform.store import dead_letters, lane_pauses
@@ -180,10 +186,10 @@ def run_lane_worker(
     if run.parent_run_id is not None:
         return _replay_dead_letters(context, lane, app_database, email_provider, routing)
 
-    provider = email_provider.open(concurrency=lane.concurrency)
+    log = logs.bind(context.log, lane=lane.lane.value, run_id=context.run_id)
+    provider = open_provider(context, email_provider, engine, lane, log)
     cancel = threading.Event()
     reporter = WorkerReporter(context, lane.lane.value)
-    log = logs.bind(context.log, lane=lane.lane.value, run_id=context.run_id)
     try:
         sender = make_sender(context, lane, engine, provider, email_provider, routing, cancel)
         stopping = stop_check(
@@ -205,7 +211,7 @@ def run_lane_worker(
         with interrupts_set(cancel):
             result = worker.run()
     finally:
-        provider.close()
+        close_provider(context, provider, engine)
     reporter.flush(result.totals)
     counts = dict(result.totals)
     counts.update(batches=result.batches, released=result.released)

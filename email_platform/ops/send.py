@@ -1,6 +1,7 @@
 """The send op: one attempt sends one claimed batch of one lane."""
 
 import threading
+from typing import Any
 
 from dagster import (
     Config,
@@ -11,6 +12,7 @@ from dagster import (
     op,
 )
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 from email_platform import logs
 from email_platform.lanes import LaneConfig
@@ -20,7 +22,7 @@ from email_platform.providers.base import EmailProvider
 from email_platform.resources import AppDatabase, EmailProviderResource, LanePolicy, RoutingResource
 from email_platform.sending.batch import BatchSender, build_sender
 from email_platform.sending.retry import retry_wait_s
-from email_platform.store import dead_letters
+from email_platform.store import circuits, dead_letters
 
 
 class SendBatchConfig(Config):
@@ -72,7 +74,7 @@ def send_batch(
     run = context.run
     is_reexecution = run.parent_run_id is not None
     previous_owners = [r for r in (run.parent_run_id, run.root_run_id) if r]
-    provider = email_provider.open(concurrency=lane.concurrency)
+    provider = open_provider(context, email_provider, engine, lane, log)
     sender = make_sender(context, lane, engine, provider, email_provider, routing)
     try:
         outcome = sender.run(
@@ -82,7 +84,7 @@ def send_batch(
             replay=is_reexecution,
         )
     finally:
-        provider.close()
+        close_provider(context, provider, engine)
 
     attempt = context.retry_number
     log.info(f"{lane.lane.value} batch, attempt {attempt}: {outcome.summary()}")
@@ -101,6 +103,33 @@ def send_batch(
     counts = outcome.as_metadata()
     observe_sends(context, lane.lane.value, counts)
     return finish_with_dead_letters(context, engine, counts)
+
+
+def open_provider(
+    context: OpExecutionContext,
+    email_provider: EmailProviderResource,
+    engine: Engine,
+    lane: LaneConfig,
+    log: Any,
+) -> EmailProvider:
+    """The run's provider; each circuit-breaker transition is written as this run's row of
+    ``provider_circuits`` (what the alerts, ``status`` and the metrics read)."""
+    return email_provider.open(
+        concurrency=lane.concurrency,
+        on_circuit_change=circuits.listener(
+            engine, holder=context.run_id, lane=lane.lane.value, log=log
+        ),
+    )
+
+
+def close_provider(context: OpExecutionContext, provider: EmailProvider, engine: Engine) -> None:
+    """Close the run's provider; its circuits end with it."""
+    provider.close()
+    try:
+        with engine.begin() as connection:
+            circuits.forget(connection, context.run_id)
+    except SQLAlchemyError as exc:  # the row goes stale instead (store.circuits.not_closed)
+        context.log.warning(f"could not clear this run's circuit rows: {type(exc).__name__}")
 
 
 def make_sender(

@@ -1,10 +1,11 @@
 import json
 import logging
+from collections.abc import Callable
 
 from dagster import ConfigurableResource
 from pydantic import PrivateAttr
 
-from email_platform import config
+from email_platform import config, logs
 from email_platform.errors import ConfigurationError
 from email_platform.providers.base import EmailProvider
 from email_platform.providers.circuit import CircuitBreaker, CircuitSettings
@@ -104,7 +105,13 @@ class EmailProviderResource(ConfigurableResource):
         except ValueError as exc:
             raise ConfigurationError(str(exc)) from None
 
-    def open(self, concurrency: int) -> EmailProvider:
+    def open(
+        self,
+        concurrency: int,
+        on_circuit_change: Callable[[str, str, str], object] | None = None,
+    ) -> EmailProvider:
+        """The provider for one run; ``on_circuit_change(provider, old, new)`` hears each
+        transition of the primary's breaker (the send ops record it: ``store.circuits``)."""
         primary = self.settings()
         circuit = self.circuit_settings()
         if circuit is None:
@@ -113,7 +120,12 @@ class EmailProviderResource(ConfigurableResource):
             name = primary.name
 
             def changed(old: str, new: str) -> None:
-                log.warning(f"circuit breaker of provider {name}: {old} -> {new}")
+                log.warning(
+                    f"circuit breaker of provider {name}: {old} -> {new}",
+                    **logs.fields(provider=name, circuit=new),
+                )
+                if on_circuit_change is not None:
+                    on_circuit_change(name, old, new)
 
             self._failover_state = FailoverState(CircuitBreaker(circuit, on_change=changed))
         return open_failover(

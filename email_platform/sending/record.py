@@ -184,9 +184,9 @@ class Recorder:
                     "outcome": "accepted",
                     "http_status": result.status_code,
                     "provider_message_id": _provider_id(result.provider_message_id),
-                    # email_attempts has no provider column: a failover's send says so here.
                     "error": _via(result.provider),
                     "retry_after_s": None,
+                    "provider": result.provider or self.provider_name,
                 }
                 for item, result, started in accepted
             ],
@@ -248,6 +248,7 @@ class Recorder:
                     "provider_message_id": _provider_id(provider_message_id),
                     "error": "no answer recorded; the provider's webhooks show it accepted",
                     "retry_after_s": None,
+                    "provider": message.provider or self.provider_name,
                 }
             ],
         )
@@ -303,6 +304,7 @@ class Recorder:
                     "retry_after_s": result.retry_after_s
                     if isinstance(result, TransientError)
                     else None,
+                    "provider": secondary or self.provider_name,
                 }
             ],
         )

@@ -105,7 +105,8 @@ def _configuration_conditions(email_provider: EmailProviderResource) -> list[fou
     description=(
         "Raises an alert once when a dead letter is open, a lane's oldest due event is older "
         "than the lane's target, a worker stopped heart-beating, a send or ingest run failed, "
-        "the provider is misconfigured or a brake paused a lane; resolves it when that ends. "
+        "the provider is misconfigured, a brake paused a lane or a provider's circuit breaker "
+        "opened; resolves it when that ends. "
         "Each raise and resolve launches one alert_job run (and a Slack post if configured)."
     ),
 )
@@ -124,6 +125,7 @@ def alerts_sensor(
             *found.dead_letter_conditions(connection),
             *found.late_lane_conditions(connection, lanes, now),
             *found.brake_conditions(connection),
+            *found.circuit_conditions(connection, now),
             *_configuration_conditions(email_provider),
             *dagster_side,
         ]
@@ -132,6 +134,7 @@ def alerts_sensor(
             found.LANE_LATE,
             found.BRAKE,
             found.CONFIGURATION,
+            found.CIRCUIT_OPEN,
             *dagster_kinds,
         }
         transitions = alert_rows.reconcile(connection, conditions, evaluated, now)

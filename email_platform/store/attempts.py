@@ -59,12 +59,15 @@ def counts_in_range(
     (lane, outcome, HTTP status, provider): a primary-key range, joined to each message."""
     from email_platform.db.schema import email_messages as messages  # only the metrics join
 
+    # The attempt's own provider (a failover's secondary names itself); the message's for
+    # attempts recorded before attempts had the column.
+    provider = func.coalesce(attempts.c.provider, messages.c.provider)
     query = (
         select(
             messages.c.lane,
             attempts.c.outcome,
             attempts.c.http_status,
-            messages.c.provider,
+            provider,
             func.count(),
         )
         .select_from(attempts.join(messages, messages.c.message_id == attempts.c.message_id))
@@ -73,9 +76,7 @@ def counts_in_range(
     if upto_id is not None:
         query = query.where(attempts.c.attempt_id <= upto_id)
     rows = connection.execute(
-        query.group_by(
-            messages.c.lane, attempts.c.outcome, attempts.c.http_status, messages.c.provider
-        )
+        query.group_by(messages.c.lane, attempts.c.outcome, attempts.c.http_status, provider)
     ).all()
     return {(lane, outcome, code, provider): int(n) for lane, outcome, code, provider, n in rows}
 
