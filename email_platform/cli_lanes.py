@@ -2,8 +2,9 @@
 
 A pause is a row in ``lane_pauses``: the lane's outbox sensor requests nothing while it is
 there and the lane's resident workers give back what they hold and end within seconds; the
-other lanes go on. Stopping the lane's sensor in the Dagster UI pauses it too, but that state
-lives in Dagster's storage, which this command does not read (docs/lanes.md).
+other lanes go on. Stopping the lane's sensor in the Dagster UI pauses it too: that state lives
+in Dagster's storage, which ``lanes status`` reads when the Dagster instance is at hand
+(``DAGSTER_HOME``, else the default home) (docs/lanes.md).
 """
 
 import getpass
@@ -121,11 +122,31 @@ def resume(lane: str, by: str | None, url: str | None) -> None:
 _STATE_KEYS = ("paused_by", "reason", "paused_at", "resumed_by", "resumed_at")
 
 
-def _state(row: Row | None) -> dict[str, Any]:
+def _stopped_sensors() -> set[str] | None:
+    """The lanes whose outbox sensor is stopped in the Dagster instance (in any code location),
+    or None when there is no instance to ask."""
+    from dagster import DagsterInstance
+
+    from email_platform import config
+    from email_platform.ops.lane_worker import stopped_lane_sensors
+
+    home = config.dagster_home()
+    if not (home / "dagster.yaml").exists():
+        return None
+    with DagsterInstance.from_config(str(home)) as instance:
+        return stopped_lane_sensors(instance)
+
+
+def _state(row: Row | None, sensor_stopped: bool | None) -> dict[str, Any]:
+    stopped = {"sensor_stopped": sensor_stopped}
     if row is None:
-        return dict.fromkeys(_STATE_KEYS, None) | {"paused": False, "brake": False}
-    return {
-        "paused": row.resumed_at is None,
+        return (
+            dict.fromkeys(_STATE_KEYS, None)
+            | {"paused": bool(sensor_stopped), "brake": False}
+            | stopped
+        )
+    return stopped | {
+        "paused": row.resumed_at is None or bool(sensor_stopped),
         "paused_by": row.paused_by,
         "reason": row.reason,
         "paused_at": isoformat(row.paused_at),
@@ -141,12 +162,17 @@ def _state(row: Row | None) -> dict[str, Any]:
 def status(as_json: bool, url: str | None) -> None:
     """Each lane: paused (by whom, why, since when) or running, and its last resume.
 
-    Reads the pause table; a lane whose sensor is stopped in the Dagster UI is paused too, and
-    shows so on the UI's Sensors page.
+    Reads the pause table, and the Dagster instance (``DAGSTER_HOME``) for lanes whose outbox
+    sensor is stopped in the UI: those are paused too (``sensor_stopped``; null in JSON when
+    there is no instance to ask).
     """
     with _engine(url).connect() as connection:
         rows = lane_pauses.all_rows(connection)
-    report = {lane.value: _state(rows.get(lane.value)) for lane in LANES}
+    stopped = _stopped_sensors()
+    report = {
+        lane.value: _state(rows.get(lane.value), None if stopped is None else lane.value in stopped)
+        for lane in LANES
+    }
     if as_json:
         click.echo(json.dumps({"lanes": report}, indent=2, sort_keys=True))
         return
@@ -155,6 +181,13 @@ def status(as_json: bool, url: str | None) -> None:
         if row is not None and row.resumed_at is None:
             line = f"PAUSED by {row.paused_by} since {isoformat(row.paused_at)}"
             line += f": {row.reason}" if row.reason else ""
+            if stopped is not None and lane.value in stopped:
+                line += "; its outbox sensor is stopped in Dagster too"
+        elif stopped is not None and lane.value in stopped:
+            line = (
+                f"PAUSED: its outbox sensor ({lane.value}_outbox_sensor) is stopped in Dagster; "
+                "start it in the UI (Sensors) to resume"
+            )
         else:
             line = "running"
             if row is not None:

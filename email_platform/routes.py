@@ -114,8 +114,9 @@ class Route:
     dedupe_key: str | None = None
     #: Pin a template version; ``None`` renders the newest.
     template_version: int | None = None
-    #: Transactional security mail may reach an address that unsubscribed from marketing;
-    #: a hard-bounced or complained address is never mailed.
+    #: An unsubscribe stops bulk mail only (``honours_unsubscribe``); a bulk route that must
+    #: still reach those who unsubscribed (a legal notice) sets this. A hard-bounced,
+    #: complained, manually suppressed or erased address is never mailed by any route.
     bypass_unsubscribe: bool = False
     #: Checked by ``publish()`` in the caller's transaction, against the outbox.
     rate_limit: RateLimit | None = None
@@ -123,6 +124,13 @@ class Route:
     authorize: Authorizer | None = None
     #: Mail due inside this daily window waits until it ends (not on the critical lane).
     quiet_hours: QuietHours | None = None
+
+    @property
+    def honours_unsubscribe(self) -> bool:
+        """Whether an unsubscribed address is suppressed for this route: bulk mail (what the
+        List-Unsubscribe link offers to stop), unless the route bypasses it. Transactional and
+        critical mail (a receipt, a password reset) still reach the address."""
+        return self.lane is Lane.BULK and not self.bypass_unsubscribe
 
     def dedupe_key_for(self, payload: Mapping[str, Any]) -> str | None:
         if self.dedupe_key is None:

@@ -24,7 +24,6 @@ from email.utils import parseaddr
 
 from email_platform import config
 from email_platform.errors import ConfigurationError
-from email_platform.lanes import Lane
 from email_platform.routes import Route
 
 VERSION = 1
@@ -175,7 +174,7 @@ class Links:
         return bool(self.secret and self.base_url)
 
     def headers_for(self, route: Route, address: str, now: datetime) -> dict[str, str]:
-        if route.lane is not Lane.BULK or route.bypass_unsubscribe:
+        if not route.honours_unsubscribe:
             return {}
         if self.problem is not None:
             raise self.problem

@@ -347,3 +347,42 @@ def test_stopping_a_lane_sensor_in_the_ui_still_pauses_only_that_locations_lane(
         assert stop_check(instance, "bulk", "run-1", selector)() == "paused"
         assert stop_check(instance, "critical", "run-2", selector)() is None
         assert stop_check(instance, "transactional", "run-3", selector)() is None
+
+
+def test_lanes_status_shows_a_lane_whose_sensor_was_stopped_in_the_ui(
+    database_url, tmp_path, monkeypatch
+):
+    from dagster._core.remote_origin import (
+        GrpcServerCodeLocationOrigin,
+        RemoteInstigatorOrigin,
+        RemoteRepositoryOrigin,
+    )
+    from dagster._core.scheduler.instigation import (
+        InstigatorState,
+        InstigatorStatus,
+        InstigatorType,
+    )
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    assert _status(database_url)["bulk"]["sensor_stopped"] is None  # no instance to ask yet
+    (tmp_path / "dagster.yaml").write_text("{}\n")
+    location = GrpcServerCodeLocationOrigin(host="h", port=4000, location_name="email")
+    repository = RemoteRepositoryOrigin(location, "__repository__")
+    with DagsterInstance.from_config(str(tmp_path)) as instance:
+        instance.add_instigator_state(
+            InstigatorState(
+                RemoteInstigatorOrigin(repository, "bulk_outbox_sensor"),
+                InstigatorType.SENSOR,
+                InstigatorStatus.STOPPED,
+            )
+        )
+    state = _status(database_url)
+    assert (state["bulk"]["paused"], state["bulk"]["sensor_stopped"]) == (True, True)
+    assert state["bulk"]["paused_by"] is None  # not in the pause table: stopped in the UI
+    assert all(
+        (state[lane]["paused"], state[lane]["sensor_stopped"]) == (False, False)
+        for lane in ("critical", "transactional")
+    )
+    text = _lanes(database_url, "status").output
+    assert "lane bulk          PAUSED: its outbox sensor (bulk_outbox_sensor) is stopped" in text
+    assert "lane critical      running" in text

@@ -1,7 +1,8 @@
 """One-click unsubscribe end to end, on SQLite and PostgreSQL: the real send job to the sandbox
 over HTTP, the headers as the sandbox received them, the link POSTed to the receiver built from
 the environment (as ``webhooks serve`` builds it), then the next bulk mail to that address is
-suppressed while the password reset (a route that bypasses unsubscribes) still goes out.
+suppressed while the password reset (critical) and a receipt (transactional) still go out: an
+unsubscribe stops bulk mail only.
 """
 
 import re
@@ -60,6 +61,22 @@ def _reset(engine: Engine) -> str:
     )
 
 
+def _receipt(engine: Engine) -> str:
+    return publish_one(
+        engine,
+        event_type="order.paid",
+        aggregate_id="order-1",
+        payload={
+            "email": ADDRESS,
+            "first_name": "Jane",
+            "order_id": "o_1",
+            "items": [],
+            "total": 0.0,
+            "currency": "EUR",
+        },
+    )
+
+
 def _sent(sandbox_url: str, event_id: str) -> dict:
     (message,) = sandbox_messages(sandbox_url, event_id)
     return message
@@ -109,6 +126,11 @@ def test_one_click_unsubscribe_through_the_real_path(
     _send(database_url, sandbox.base_url, "critical", reset)
     assert [m.status for m in messages_of(engine, reset)] == [messages.SENT]
     assert "List-Unsubscribe" not in _sent(sandbox.base_url, reset)["headers"]
+
+    # An unsubscribe stops bulk mail only: a receipt (transactional) still goes out.
+    receipt = _receipt(engine)
+    _send(database_url, sandbox.base_url, "transactional", receipt)
+    assert [m.status for m in messages_of(engine, receipt)] == [messages.SENT]
 
     # Posting the same link again is answered 200 and changes nothing.
     answer = receiver.post(path, content="List-Unsubscribe=One-Click", headers=ONE_CLICK)

@@ -219,7 +219,7 @@ class Preparer:
                     )
                     outcome.sent += 1
                     continue
-                if reason and (reason in _HARD_SUPPRESSIONS or not route.bypass_unsubscribe):
+                if reason and (reason in _HARD_SUPPRESSIONS or route.honours_unsubscribe):
                     self.recorder.close_unsent(
                         connection,
                         message,
