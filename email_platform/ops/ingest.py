@@ -16,6 +16,9 @@ from email_platform.store import email_events, inbox
 from email_platform.timeutil import utcnow
 from email_platform.webhooks.ingest import WebhookIngestor
 
+#: Most raw webhooks (and deletion records) one ingestion run purges past retention.
+INGEST_PURGE_LIMIT = 1000
+
 
 class IngestBatchConfig(Config):
     inbox_ids: list[int]
@@ -39,9 +42,12 @@ def ingest_webhook_batch(
         # of deleted provider events (see email_event_deletions).
         cutoff = utcnow() - timedelta(days=settings.webhook_retention_days())
         with engine.begin() as connection:
-            summary["purged"] = inbox.purge_processed(connection, received_before=cutoff)
-            summary["deletion_records_purged"] = email_events.purge_deletion_records(
-                connection, deleted_before=cutoff
+            # Bounded: a run keeps its transaction short; retention_job purges the rest.
+            summary["purged"] = inbox.delete_processed(
+                connection, received_before=cutoff, limit=INGEST_PURGE_LIMIT
+            )
+            summary["deletion_records_purged"] = email_events.delete_deletion_records(
+                connection, deleted_before=cutoff, limit=INGEST_PURGE_LIMIT
             )
         context.log.info(
             f"inbox {config.inbox_ids[0]}..{config.inbox_ids[-1]}: "

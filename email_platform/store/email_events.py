@@ -72,14 +72,6 @@ def delete_for_inbox_rows(connection: Connection, inbox_ids: list[int]) -> int:
     ).rowcount
 
 
-def purge_deletion_records(connection: Connection, *, deleted_before: datetime) -> int:
-    """Drop the records of rows deleted before ``deleted_before``: the warehouse reads them
-    within minutes, and rebuilds from scratch daily anyway."""
-    return connection.execute(
-        delete(email_event_deletions).where(email_event_deletions.c.deleted_at < deleted_before)
-    ).rowcount
-
-
 def for_erasure(
     connection: Connection,
     addresses: Sequence[str],
@@ -183,7 +175,7 @@ def count_of(connection: Connection, query: Any) -> int:
 
 
 def delete_deletion_records(connection: Connection, *, deleted_before: datetime, limit: int) -> int:
-    """``purge_deletion_records``, at most ``limit`` rows (the oldest)."""
+    """Past retention, at most ``limit`` rows (the oldest)."""
     oldest = (
         select(email_event_deletions.c.deletion_id)
         .where(email_event_deletions.c.deleted_at < deleted_before)

@@ -169,13 +169,6 @@ def requeue(connection: Connection, inbox_ids: list[int]) -> int:
     ).rowcount
 
 
-def purge_processed(connection: Connection, *, received_before: datetime) -> int:
-    """Drop raw bodies past retention; their normalized events stay in ``email_events``."""
-    return connection.execute(
-        delete(inbox).where(inbox.c.status == PROCESSED, inbox.c.received_at < received_before)
-    ).rowcount
-
-
 # ---- erasure (email_platform.erasure) -------------------------------------------------------
 
 
@@ -198,7 +191,7 @@ def anonymize(connection: Connection, inbox_id: int, values: dict[str, Any]) -> 
 
 
 def delete_processed(connection: Connection, *, received_before: datetime, limit: int) -> int:
-    """``purge_processed``, at most ``limit`` rows (the oldest ids): one bounded transaction.
+    """Past retention, at most ``limit`` rows (the oldest ids): one bounded transaction.
 
     Only ``processed`` rows: pending and in-flight ones are still to be applied, and
     malformed or failed ones wait for ``webhooks reprocess`` after a mapping fix.
