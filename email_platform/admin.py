@@ -12,7 +12,15 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Row
 
 from email_platform.lanes import LANES
-from email_platform.store import attempts, circuits, dead_letters, email_events, messages, outbox
+from email_platform.store import (
+    attempts,
+    circuits,
+    dead_letters,
+    email_events,
+    lane_pauses,
+    messages,
+    outbox,
+)
 from email_platform.timeutil import as_utc, isoformat, utcnow
 
 #: The percentiles of ``status``'s publish-to-accepted latency.
@@ -32,13 +40,24 @@ def status(
         by_reason = dead_letters.open_by_reason(connection)
         latency = messages.accepted_latency_percentiles(connection, since, LATENCY_PERCENTILES)
         not_closed = circuits.not_closed(connection, now)
+        pauses = lane_pauses.all_rows(connection)
     lanes: dict[str, dict[str, Any]] = {}
     for lane in LANES:
         depth, oldest = backlog.get(lane.value, (0, None))
         oldest_utc = as_utc(oldest)
+        pause = pauses.get(lane.value)
         lanes[lane.value] = {
             "depth": depth,
             "oldest_age_s": round((now - oldest_utc).total_seconds(), 3) if oldest_utc else None,
+            # Who paused the lane (an operator, or ``brake:...``), why and since when; null
+            # while it runs. A sensor stopped in the UI shows in ``lanes status``.
+            "paused": None
+            if pause is None or pause.resumed_at is not None
+            else {
+                "by": pause.paused_by,
+                "reason": pause.reason,
+                "since": isoformat(pause.paused_at),
+            },
         }
     return {
         "events": events,

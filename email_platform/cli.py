@@ -59,9 +59,11 @@ def status(as_json: bool, url: str | None, latency_minutes: int) -> None:
     click.echo("messages " + "  ".join(f"{k}={v}" for k, v in msgs.items()))
     for lane, info in report["lanes"].items():
         age = info["oldest_age_s"]
+        paused = info["paused"]
         click.echo(
             f"lane {lane:<13} depth={info['depth']:<6} oldest_age_s="
             f"{'-' if age is None else f'{age:.1f}'}"
+            + (f"  PAUSED by {paused['by']} since {paused['since']}" if paused else "")
         )
     dl = report["dead_letters"]
     click.echo(

@@ -66,6 +66,17 @@ def test_pause_resume_and_status_from_the_command_line(database_url):
     text = _lanes(database_url, "status")
     assert "lane bulk          PAUSED by alice since " in text.output
     assert "lane critical      running" in text.output
+    # The main status says it too, beside the lane's depth.
+    overall = CliRunner().invoke(main, ["status", "--json", "--url", database_url])
+    lanes_now = json.loads(overall.output)["lanes"]
+    assert lanes_now["bulk"]["paused"] == {
+        "by": "alice",
+        "reason": "bad list import",
+        "since": state["bulk"]["paused_at"],
+    }
+    assert lanes_now["critical"]["paused"] is None
+    shown = CliRunner().invoke(main, ["status", "--url", database_url]).output
+    assert f"PAUSED by alice since {state['bulk']['paused_at']}" in shown
 
     # Pausing again keeps the first pause: it says who paused it first and since when.
     again = _lanes(database_url, "pause", "bulk", "--by", "bob")
