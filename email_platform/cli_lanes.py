@@ -133,8 +133,16 @@ def _stopped_sensors() -> set[str] | None:
     home = config.dagster_home()
     if not (home / "dagster.yaml").exists():
         return None
-    with DagsterInstance.from_config(str(home)) as instance:
-        return stopped_lane_sensors(instance)
+    try:
+        with DagsterInstance.from_config(str(home)) as instance:
+            return stopped_lane_sensors(instance)
+    except Exception as exc:  # Dagster's storage down: the pause table still answers
+        click.echo(
+            f"could not read the Dagster instance at {home} ({type(exc).__name__}); "
+            "sensors stopped in the UI are not shown",
+            err=True,
+        )
+        return None
 
 
 def _state(row: Row | None, sensor_stopped: bool | None) -> dict[str, Any]:

@@ -67,6 +67,27 @@ def _alert_round(engine: Engine) -> list[tuple[str, str]]:
     return [(t.key, t.state) for t in moved]
 
 
+def test_a_row_is_one_upsert_that_keeps_the_first_opening_until_it_closes(engine: Engine):
+    first = utcnow() - timedelta(seconds=30)
+    later = utcnow()
+    with engine.begin() as connection:
+        for state, now in [(OPEN, first), ("half_open", later), (OPEN, later)]:
+            circuits.record(
+                connection, provider="resend", holder="r1", lane="bulk", state=state, now=now
+            )
+        (view,) = circuits.not_closed(connection, later)
+        assert (view.state, view.changed_at, view.opened_at) == (OPEN, later, first)
+        circuits.record(
+            connection, provider="resend", holder="r1", lane="bulk", state=CLOSED, now=later
+        )
+        assert circuits.not_closed(connection, later) == []
+        circuits.record(
+            connection, provider="resend", holder="r1", lane="bulk", state=OPEN, now=later
+        )
+        (view,) = circuits.not_closed(connection, later)
+        assert view.opened_at == later  # a new opening after it closed
+
+
 def test_rows_of_live_processes_count_and_stale_or_forgotten_ones_do_not(engine: Engine):
     now = utcnow()
     with engine.begin() as connection:
@@ -131,14 +152,15 @@ def test_an_open_circuit_is_in_status_metrics_and_one_alert_until_the_probe_clos
         circuit_cooldown_s=0.5,
     )
     lane = dataclasses.replace(DEFAULT_LANE_CONFIGS[Lane.TRANSACTIONAL], concurrency=1)
-    listener = circuits.listener(engine, holder="run-1", lane="transactional", log=LOG)
     ids = [signup(engine, f"u{i}") for i in range(3)]
 
-    provider = resource.open(concurrency=1, on_circuit_change=listener)
+    mirror = circuits.CircuitMirror(engine, holder="run-1", lane="transactional", log=LOG)
+    provider = resource.open(concurrency=1, on_circuit_change=mirror)
     try:
         outcome = batch_sender(engine, provider, lane).run(ids, run_id="run-1")
     finally:
         provider.close()
+        mirror.close(forget_rows=False)  # a retry follows: the row stays
     # Two 503s open it; the third message is turned away by the open circuit itself.
     assert outcome.sent == 0 and len(outcome.transient) == 3
     assert status(engine)["circuits"] == {"sandbox": {"open": 1}}
@@ -147,11 +169,13 @@ def test_an_open_circuit_is_in_status_metrics_and_one_alert_until_the_probe_clos
     assert _alert_round(engine) == []  # still open: raised once
 
     time.sleep(0.6)  # the cool-down passes; the probe (the sandbox answers again) closes it
-    provider = resource.open(concurrency=1, on_circuit_change=listener)
+    mirror = circuits.CircuitMirror(engine, holder="run-1", lane="transactional", log=LOG)
+    provider = resource.open(concurrency=1, on_circuit_change=mirror)
     try:
         assert batch_sender(engine, provider, lane).run(ids, run_id="run-1").sent == 3
     finally:
         provider.close()
+        mirror.close(forget_rows=False)
     assert status(engine)["circuits"] == {}
     assert _circuit_samples(engine) == {}
     assert _alert_round(engine) == [("circuit_open:sandbox", "resolved")]
@@ -186,8 +210,9 @@ def test_a_send_run_records_its_circuit_and_forgets_it_when_it_ends(
             database_url, "unused", "transactional", ids, provider=provider, lanes=ONE_AT_A_TIME
         )
     assert result.success
-    # The run wrote its row when the circuit opened, and deleted it when it ended.
-    assert seen_open == [[result.run_id]]
+    # The run wrote its row when the circuit opened (and again when a retry found it still
+    # open), and deleted it when it ended.
+    assert seen_open and all(holders == [result.run_id] for holders in seen_open)
     assert status(engine)["circuits"] == {}
     # Each attempt names the provider it went to: refusals at the primary, acceptances at the
     # secondary.
@@ -195,3 +220,38 @@ def test_a_send_run_records_its_circuit_and_forgets_it_when_it_ends(
     assert {p for o, p in tried if o == "accepted"} == {"postmark"}
     assert sum(1 for o, _ in tried if o == "accepted") == 4
     assert {p for o, p in tried if o != "accepted"} == {"sandbox"}
+
+
+def test_a_batch_runs_circuit_row_outlives_its_retries_and_goes_when_the_run_ends(
+    engine: Engine, database_url: str, monkeypatch
+):
+    """The breaker lives for the whole batch run (the resource keeps it across attempts), so
+    its row is not cleared between retries: the alert does not flap while the provider is down."""
+    event_id = signup(engine, "u1")
+    forgotten: list[str] = []
+    original = circuits.forget
+
+    def spying_forget(connection, holder):  # type: ignore[no-untyped-def]
+        forgotten.append(holder)
+        return original(connection, holder)
+
+    monkeypatch.setattr(circuits, "forget", spying_forget)
+    provider = EmailProviderResource(
+        provider="sandbox",
+        base_url=f"http://127.0.0.1:{_closed_port()}",
+        options_json=ONE_PER_CALL,
+        timeout_s=2.0,
+        circuit_breaker=True,
+        circuit_failures=1,
+        circuit_cooldown_s=60.0,
+    )
+    lanes = {
+        lane: {**cfg, "max_retries": 2, "max_retry_delay_s": 0.2}
+        for lane, cfg in FAST_LANES.items()
+    }
+    result = run_send(
+        database_url, "unused", "transactional", [event_id], provider=provider, lanes=lanes
+    )
+    assert not result.success  # retries exhausted: a dead letter
+    assert forgotten == [result.run_id]  # once, at the run's end, not after each attempt
+    assert status(engine)["circuits"] == {}

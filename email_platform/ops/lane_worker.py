@@ -23,7 +23,6 @@ from email_platform.lanes import LANES, STOP_TAG, LaneConfig, outbox_sensor_name
 from email_platform.ops.reporting import WorkerReporter
 from email_platform.ops.retry import STEP_RETRY_POLICY
 from email_platform.ops.send import (
-    close_provider,
     finish_with_dead_letters,
     make_sender,
     open_provider,
@@ -187,7 +186,7 @@ def run_lane_worker(
         return _replay_dead_letters(context, lane, app_database, email_provider, routing)
 
     log = logs.bind(context.log, lane=lane.lane.value, run_id=context.run_id)
-    provider = open_provider(context, email_provider, engine, lane, log)
+    provider, mirror = open_provider(context, email_provider, engine, lane, log)
     cancel = threading.Event()
     reporter = WorkerReporter(context, lane.lane.value)
     try:
@@ -211,7 +210,8 @@ def run_lane_worker(
         with interrupts_set(cancel):
             result = worker.run()
     finally:
-        close_provider(context, provider, engine)
+        provider.close()
+        mirror.close(forget_rows=True)  # the worker's breaker ends with it
     reporter.flush(result.totals)
     counts = dict(result.totals)
     counts.update(batches=result.batches, released=result.released)

@@ -12,7 +12,6 @@ from dagster import (
     op,
 )
 from sqlalchemy import Engine
-from sqlalchemy.exc import SQLAlchemyError
 
 from email_platform import logs
 from email_platform.lanes import LaneConfig
@@ -74,8 +73,9 @@ def send_batch(
     run = context.run
     is_reexecution = run.parent_run_id is not None
     previous_owners = [r for r in (run.parent_run_id, run.root_run_id) if r]
-    provider = open_provider(context, email_provider, engine, lane, log)
+    provider, mirror = open_provider(context, email_provider, engine, lane, log)
     sender = make_sender(context, lane, engine, provider, email_provider, routing)
+    outcome = None
     try:
         outcome = sender.run(
             event_ids,
@@ -84,7 +84,15 @@ def send_batch(
             replay=is_reexecution,
         )
     finally:
-        close_provider(context, provider, engine)
+        provider.close()
+        # The breaker outlives an attempt that will be retried (the resource keeps it for the
+        # run): its row stays until the run's last attempt.
+        retrying = (
+            outcome is not None
+            and bool(outcome.transient)
+            and context.retry_number < lane.max_retries
+        )
+        mirror.close(forget_rows=not retrying)
 
     attempt = context.retry_number
     log.info(f"{lane.lane.value} batch, attempt {attempt}: {outcome.summary()}")
@@ -111,25 +119,11 @@ def open_provider(
     engine: Engine,
     lane: LaneConfig,
     log: Any,
-) -> EmailProvider:
-    """The run's provider; each circuit-breaker transition is written as this run's row of
-    ``provider_circuits`` (what the alerts, ``status`` and the metrics read)."""
-    return email_provider.open(
-        concurrency=lane.concurrency,
-        on_circuit_change=circuits.listener(
-            engine, holder=context.run_id, lane=lane.lane.value, log=log
-        ),
-    )
-
-
-def close_provider(context: OpExecutionContext, provider: EmailProvider, engine: Engine) -> None:
-    """Close the run's provider; its circuits end with it."""
-    provider.close()
-    try:
-        with engine.begin() as connection:
-            circuits.forget(connection, context.run_id)
-    except SQLAlchemyError as exc:  # the row goes stale instead (store.circuits.not_closed)
-        context.log.warning(f"could not clear this run's circuit rows: {type(exc).__name__}")
+) -> tuple[EmailProvider, circuits.CircuitMirror]:
+    """The attempt's provider, and the mirror that writes its circuit breaker's state as this
+    run's row of ``provider_circuits`` (what the alerts, ``status`` and the metrics read)."""
+    mirror = circuits.CircuitMirror(engine, holder=context.run_id, lane=lane.lane.value, log=log)
+    return email_provider.open(concurrency=lane.concurrency, on_circuit_change=mirror), mirror
 
 
 def make_sender(

@@ -8,7 +8,7 @@ from pydantic import PrivateAttr
 from email_platform import config, logs
 from email_platform.errors import ConfigurationError
 from email_platform.providers.base import EmailProvider
-from email_platform.providers.circuit import CircuitBreaker, CircuitSettings
+from email_platform.providers.circuit import CLOSED, CircuitBreaker, CircuitSettings
 from email_platform.providers.failover import FailoverState
 from email_platform.providers.registry import open_failover, open_provider
 
@@ -51,6 +51,7 @@ class EmailProviderResource(ConfigurableResource):
     circuit_max_cooldown_s: float | None = None
 
     _failover_state: FailoverState | None = PrivateAttr(default=None)
+    _circuit_listener: Callable[[str, Callable[[], str]], object] | None = PrivateAttr(default=None)
 
     def settings(self) -> config.ProviderSettings:
         env = config.ProviderSettings.from_env(provider=self.provider)
@@ -108,14 +109,17 @@ class EmailProviderResource(ConfigurableResource):
     def open(
         self,
         concurrency: int,
-        on_circuit_change: Callable[[str, str, str], object] | None = None,
+        on_circuit_change: Callable[[str, Callable[[], str]], object] | None = None,
     ) -> EmailProvider:
-        """The provider for one run; ``on_circuit_change(provider, old, new)`` hears each
-        transition of the primary's breaker (the send ops record it: ``store.circuits``)."""
+        """The provider for one attempt. ``on_circuit_change(provider, current_state)`` hears
+        each transition of the primary's breaker, and its state at once if it is not closed
+        (the send ops mirror it: ``store.circuits.CircuitMirror``); the latest open's listener
+        is the one called, as the breaker outlives an attempt."""
         primary = self.settings()
         circuit = self.circuit_settings()
         if circuit is None:
             return open_provider(primary, max_connections=max(1, concurrency))
+        self._circuit_listener = on_circuit_change
         if self._failover_state is None:
             name = primary.name
 
@@ -124,10 +128,14 @@ class EmailProviderResource(ConfigurableResource):
                     f"circuit breaker of provider {name}: {old} -> {new}",
                     **logs.fields(provider=name, circuit=new),
                 )
-                if on_circuit_change is not None:
-                    on_circuit_change(name, old, new)
+                listener = self._circuit_listener
+                if listener is not None and self._failover_state is not None:
+                    listener(name, lambda: self._failover_state.breaker.state)
 
             self._failover_state = FailoverState(CircuitBreaker(circuit, on_change=changed))
+        elif on_circuit_change is not None and self._failover_state.breaker.state != CLOSED:
+            state = self._failover_state
+            on_circuit_change(primary.name, lambda: state.breaker.state)
         return open_failover(
             primary,
             self.failover_settings(),

@@ -6,17 +6,20 @@ transition and deletes its rows when it ends; a killed run's row is ignored once
 than the caller's ``stale_s`` and its run sends no heartbeat (``lane_workers``).
 """
 
+import contextlib
 import logging
 from collections.abc import Callable
+from concurrent import futures
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, delete, insert, or_, select, update
+from sqlalchemy import Connection, Engine, and_, delete, func, or_, select
+from sqlalchemy.dialects import postgresql, sqlite
 
 from email_platform import logs
 from email_platform.db.schema import lane_workers, provider_circuits
-from email_platform.timeutil import utcnow
+from email_platform.timeutil import as_utc, utcnow
 
 CLOSED = "closed"
 #: A circuit row of a process that is not a live lane worker counts this long after its last
@@ -43,26 +46,31 @@ def record(
     state: str,
     now: datetime,
 ) -> None:
-    """The circuit of ``provider`` in the process ``holder`` is now ``state``."""
-    opened = {"opened_at": now} if state == "open" else {}
-    if state == CLOSED:
-        opened = {"opened_at": None}
-    changed = connection.execute(
-        update(provider_circuits)
-        .where(provider_circuits.c.provider == provider, provider_circuits.c.holder == holder)
-        .values(state=state, changed_at=now, lane=lane, **opened)
-    ).rowcount
-    if not changed:
-        connection.execute(
-            insert(provider_circuits).values(
-                provider=provider,
-                holder=holder,
-                lane=lane,
-                state=state,
-                changed_at=now,
-                opened_at=now if state == "open" else None,
-            )
+    """The circuit of ``provider`` in the process ``holder`` is now ``state``.
+
+    One statement (an upsert), so two writers of one row never collide; ``opened_at`` keeps the
+    first opening while the circuit stays open or probing, and is cleared when it closes.
+    """
+    opened_at = None if state == CLOSED else now
+    row = {
+        "provider": provider,
+        "holder": holder,
+        "lane": lane,
+        "state": state,
+        "changed_at": now,
+        "opened_at": opened_at,
+    }
+    dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
+    statement = dialect.insert(provider_circuits).values(**row)
+    kept_opening = (
+        None if state == CLOSED else func.coalesce(provider_circuits.c.opened_at, opened_at)
+    )
+    connection.execute(
+        statement.on_conflict_do_update(
+            index_elements=[provider_circuits.c.provider, provider_circuits.c.holder],
+            set_={"lane": lane, "state": state, "changed_at": now, "opened_at": kept_opening},
         )
+    )
 
 
 def forget(connection: Connection, holder: str) -> int:
@@ -97,33 +105,67 @@ def not_closed(
         .order_by(provider_circuits.c.provider, provider_circuits.c.holder)
     ).all()
     return [
-        CircuitView(r.provider, r.holder, r.lane, r.state, r.changed_at, r.opened_at) for r in rows
+        CircuitView(
+            r.provider, r.holder, r.lane, r.state, as_utc(r.changed_at), as_utc(r.opened_at)
+        )
+        for r in rows
     ]
 
 
-def listener(
-    engine: Engine, *, holder: str, lane: str | None, log: logging.Logger | Any
-) -> Callable[[str, str, str], None]:
-    """A breaker's ``on_change`` that writes each transition as the process ``holder``'s row.
+class CircuitMirror:
+    """Mirrors one process's breakers into ``provider_circuits`` as the run ``holder``.
 
-    Called from a send thread: a database that cannot take the row is logged, never raised
-    (the breaker works without its mirror; only the alert and the metric miss it).
+    The breaker calls it (``on_circuit_change``) from a send thread with the provider's name
+    and a way to read the breaker's state; the row is written from one background thread, so
+    a send never waits for the database, and with the state read at write time, so the last
+    write is the breaker's latest state whatever order the notifications came in. A write the
+    database refuses is logged, never raised: the breaker works without its mirror.
     """
 
-    def changed(provider: str, old: str, new: str) -> None:
+    def __init__(
+        self, engine: Engine, *, holder: str, lane: str | None, log: logging.Logger | Any
+    ) -> None:
+        self.engine, self.holder, self.lane, self.log = engine, holder, lane, log
+        self._writer = futures.ThreadPoolExecutor(1, thread_name_prefix="circuit-mirror")
+        self._closed = False
+
+    def __call__(self, provider: str, current_state: Callable[[], str]) -> None:
+        if self._closed:
+            return
+        # Closed meanwhile (the run is ending): nothing left to mirror.
+        with contextlib.suppress(RuntimeError):
+            self._writer.submit(self._write, provider, current_state)
+
+    def _write(self, provider: str, current_state: Callable[[], str]) -> None:
+        state = current_state()
         try:
-            with engine.begin() as connection:
+            with self.engine.begin() as connection:
                 record(
-                    connection, provider=provider, holder=holder, lane=lane, state=new, now=utcnow()
+                    connection,
+                    provider=provider,
+                    holder=self.holder,
+                    lane=self.lane,
+                    state=state,
+                    now=utcnow(),
                 )
         except Exception as exc:
-            log.warning(
-                f"circuit of provider {provider} is {new}, but the database did not take it: "
-                f"{type(exc).__name__}",
-                **logs.fields(provider=provider, run_id=holder, lane=lane),
+            self.log.warning(
+                f"circuit of provider {provider} is {state}, but the database did not take "
+                f"it: {type(exc).__name__}",
+                **logs.fields(provider=provider, run_id=self.holder, lane=self.lane),
             )
 
-    return changed
+    def close(self, *, forget_rows: bool) -> None:
+        """Write what is queued; with ``forget_rows`` (the run ends), delete this run's rows."""
+        self._closed = True
+        self._writer.shutdown(wait=True)
+        if not forget_rows:
+            return
+        try:
+            with self.engine.begin() as connection:
+                forget(connection, self.holder)
+        except Exception as exc:  # the row goes stale instead (``not_closed``)
+            self.log.warning(f"could not clear this run's circuit rows: {type(exc).__name__}")
 
 
 def by_provider(views: list[CircuitView]) -> dict[str, dict[str, int]]:

@@ -196,11 +196,14 @@ def delete_processed(connection: Connection, *, received_before: datetime, limit
     Only ``processed`` rows: pending and in-flight ones are still to be applied, and
     malformed or failed ones wait for ``webhooks reprocess`` after a mapping fix.
     """
+    # Rows another purge is deleting are skipped, not waited for (PostgreSQL; SQLite writes
+    # one at a time anyway): concurrent ingestion runs each purge their own.
     oldest = (
         select(inbox.c.inbox_id)
         .where(inbox.c.status == PROCESSED, inbox.c.received_at < received_before)
         .order_by(inbox.c.inbox_id)
         .limit(limit)
+        .with_for_update(skip_locked=True)
     )
     return connection.execute(
         delete(inbox).where(

@@ -31,6 +31,7 @@ from email_platform import logs
 from email_platform.db.errors import refused_by_database
 from email_platform.errors import ConfigurationError
 from email_platform.metrics import metrics_endpoint
+from email_platform.redaction import loggable
 from email_platform.store import inbox
 from email_platform.text import storable_text, text_problem
 from email_platform.timeutil import utcnow
@@ -175,7 +176,9 @@ def create_receiver_app(
         ids = _ids_of(normalized) if status != inbox.MALFORMED else {}
         where = logs.fields(provider=name, delivery_id=delivery_id, inbox_id=inbox_id, **ids)
         if status == inbox.MALFORMED:
-            log.warning(f"webhook from {name} stored as malformed: {error}", **where)
+            log.warning(
+                f"webhook from {name} stored as malformed: {loggable(error or '')}", **where
+            )
             return JSONResponse({"error": error, "inbox_id": inbox_id}, status_code=400)
         if inbox_id is None:
             log.info(f"webhook from {name} already stored", **where)
