@@ -139,3 +139,29 @@ def test_half_the_credentials_configured_answer_503_not_an_open_door(engine: Eng
     response = client.post(SIGNER.path, content=fixture("delivery"), headers=basic_auth())
     assert response.status_code == 503
     assert inbox_rows(engine) == []
+
+
+@pytest.mark.parametrize(
+    ("reason", "origin", "suppression"),
+    [
+        ("ManualSuppression", "Recipient", "unsubscribe"),  # the unsubscribe link
+        ("ManualSuppression", "Customer", "manual"),  # the account blocked the address
+        ("ManualSuppression", "Admin", "manual"),
+        ("HardBounce", "Recipient", "hard_bounce"),
+        ("SpamComplaint", "Recipient", "complaint"),
+        ("SomethingNew", "Recipient", "unsubscribe"),
+    ],
+)
+def test_a_subscription_change_suppresses_for_the_reason_postmark_names(
+    reason: str, origin: str, suppression: str
+) -> None:
+    """An unsubscribe stops bulk mail only; a suppression Postmark made for a hard bounce or a
+    complaint stops every route, as the bounce or complaint itself would."""
+    record = json.loads(fixture("subscription_change_unsubscribe"))
+    record["SuppressionReason"], record["Origin"] = reason, origin
+    (event,) = normalize(json.dumps(record).encode())
+    assert event.event_type == "unsubscribed"
+    assert event.suppression_reason == suppression
+    record["SuppressSending"] = False
+    (event,) = normalize(json.dumps(record).encode())
+    assert (event.event_type, event.suppression_reason) == ("subscribed", None)

@@ -202,10 +202,27 @@ def normalize(body: bytes) -> list[NormalizedEvent]:
         raise WebhookMalformed(f"unreadable Postmark {record_type} record: {exc!r}") from None
 
 
+#: What a SubscriptionChange's ``SuppressionReason`` suppresses: an unsubscribe stops bulk
+#: mail only, these stop every route (Postmark refuses mail to them on the stream anyway).
+SUPPRESSION_REASONS = {"HardBounce": "hard_bounce", "SpamComplaint": "complaint"}
+
+
+def _suppression(reason: str | None, origin: str | None) -> str:
+    """Our suppression for a SubscriptionChange that suppresses sending: a hard bounce or a
+    complaint as such; a manual suppression is the recipient's unsubscribe when they made it
+    (``Origin: Recipient``, Postmark's unsubscribe link), else the account's manual block."""
+    if reason in SUPPRESSION_REASONS:
+        return SUPPRESSION_REASONS[reason]
+    if reason == "ManualSuppression" and origin in ("Customer", "Admin"):
+        return "manual"
+    return "unsubscribe"
+
+
 def _event(payload: dict[str, Any], record_type: str) -> NormalizedEvent:
     event_type = RECORD_TYPES.get(record_type, "unknown")
     bounce_type: str | None = None
     reason: str | None = None
+    suppression: str | None = None
     if record_type in ("Bounce", "SpamComplaint"):
         kind = payload.get("Type")
         if not isinstance(kind, str) or not kind:
@@ -222,6 +239,8 @@ def _event(payload: dict[str, Any], record_type: str) -> NormalizedEvent:
             raise ValueError("SuppressSending is not a boolean")
         event_type = "unsubscribed" if suppress else "subscribed"
         reason = stripped_text(payload.get("SuppressionReason")) if suppress else None
+        if suppress:
+            suppression = _suppression(reason, stripped_text(payload.get("Origin")))
 
     metadata = payload.get("Metadata") or {}
     if not isinstance(metadata, dict):
@@ -248,6 +267,7 @@ def _event(payload: dict[str, Any], record_type: str) -> NormalizedEvent:
         ip=ip,
         machine_open=machine,
         raw=payload,
+        suppression=suppression,
     )
 
 

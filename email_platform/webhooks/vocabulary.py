@@ -67,6 +67,10 @@ class NormalizedEvent:
     ip: str | None = None
     machine_open: bool | None = None
     raw: dict[str, Any] = field(default_factory=dict)
+    #: The suppression the provider named, when it says more than the event type does (a
+    #: Postmark subscription change caused by a hard bounce is a hard bounce, not an
+    #: unsubscribe): one of the keys of ``store.suppressions.STRENGTH``.
+    suppression: str | None = None
 
     def __post_init__(self) -> None:
         if self.event_type not in EVENT_TYPES:
@@ -74,6 +78,8 @@ class NormalizedEvent:
 
     @property
     def suppression_reason(self) -> str | None:
+        if self.suppression is not None:
+            return self.suppression
         if self.event_type == "bounced":
             return "hard_bounce" if self.bounce_type == "hard" else None
         return SUPPRESSING.get(self.event_type)
