@@ -14,12 +14,14 @@ PostgreSQL.
 
 import dataclasses
 import json
+import logging
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from sqlalchemy import Engine, update
 
+from email_platform import logs
 from email_platform.db.schema import email_outbox
 from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane, LaneConfig
 from email_platform.providers.base import Accepted, OutgoingEmail
@@ -258,7 +260,7 @@ def test_an_adapter_that_raises_on_one_message_fails_only_that_message(engine, s
     assert letter.reason == "permanent_failure" and "UnicodeEncodeError" in letter.last_error
 
 
-def test_an_answer_the_database_cannot_store_fails_only_its_message(engine, sandbox):
+def test_an_answer_the_database_cannot_store_fails_only_its_message(engine, sandbox, caplog):
     good = [signup(engine, f"good{i}") for i in range(12)]
     odd = signup(engine, "odd1", email="odd1@example.com")
     provider = _OddAnswer(sandbox.base_url, batch_max=100, max_connections=1)
@@ -266,8 +268,17 @@ def test_an_answer_the_database_cannot_store_fails_only_its_message(engine, sand
     sender = build_sender(
         engine=engine, provider=provider, lane=lane, sender_address="Example <a@example.com>"
     )
-    outcome = sender.run([*good, odd], run_id="run-1")
+    with caplog.at_level(logging.INFO, logger=logs.MESSAGES_LOGGER):
+        outcome = sender.run([*good, odd], run_id="run-1")
     provider.close()
+    # One "accepted" line per message recorded as sent, after its commit: none for the
+    # refused group's first try, none for the odd one.
+    accepted = [
+        logs.fields_of(r)["event_id"]
+        for r in caplog.records
+        if r.getMessage() == "accepted by the provider"
+    ]
+    assert sorted(accepted) == sorted(good)
     # All thirteen were in one call and one recording group: the group was refused, recorded
     # again one answer at a time, and only the odd answer's message became a dead letter.
     assert outcome.sent == len(good) and outcome.dead == 1

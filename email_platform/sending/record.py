@@ -138,8 +138,8 @@ class Recorder:
     ) -> ConfigurationError | None:
         """One transaction per group, the accepted sends with one statement per table."""
         configuration_error: ConfigurationError | None = None
+        accepted: list[tuple[Work, Accepted, datetime]] = []
         with self.engine.begin() as connection:
-            accepted: list[tuple[Work, Accepted, datetime]] = []
             for sent in group:
                 if isinstance(sent.result, Accepted):
                     accepted.append((sent.item, sent.result, sent.started))
@@ -151,6 +151,9 @@ class Recorder:
                         connection, sent.item, sent.result, sent.started, run_id, outcome
                     )
             self._record_accepted(connection, accepted, run_id, outcome)
+        # Once committed: a group the database refuses is recorded again one by one, and its
+        # lines must say each acceptance once.
+        self._log_accepted(accepted, run_id)
         return configuration_error
 
     def salvage(self, leftovers: list[Sent], run_id: str, outcome: BatchOutcome) -> None:
@@ -206,20 +209,25 @@ class Recorder:
             now=now,
         )
         outcome.sent += len(accepted)
-        if self.message_log.isEnabledFor(logging.INFO):
-            for item, result, _ in accepted:
-                self.message_log.info(
-                    "accepted by the provider",
-                    **message_fields(
-                        item.message,
-                        item.email,
-                        provider_message_id=result.provider_message_id,
-                        provider=result.provider or self.provider_name,
-                        run_id=run_id,
-                        attempt_no=item.message.attempts + 1,
-                        http_status=result.status_code,
-                    ),
-                )
+
+    def _log_accepted(
+        self, accepted: Sequence[tuple[Work, Accepted, datetime]], run_id: str
+    ) -> None:
+        if not accepted or not self.message_log.isEnabledFor(logging.INFO):
+            return
+        for item, result, _ in accepted:
+            self.message_log.info(
+                "accepted by the provider",
+                **message_fields(
+                    item.message,
+                    item.email,
+                    provider_message_id=result.provider_message_id,
+                    provider=result.provider or self.provider_name,
+                    run_id=run_id,
+                    attempt_no=item.message.attempts + 1,
+                    http_status=result.status_code,
+                ),
+            )
 
     def accepted_per_provider(
         self,
