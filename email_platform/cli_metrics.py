@@ -37,7 +37,9 @@ def serve(host: str, port: int, latency_window_minutes: int, url: str | None) ->
 
     engine = _migrated_engine(url)  # refuse an unmigrated database before binding the port
     app = create_metrics_app(engine, latency_window_s=latency_window_minutes * 60.0)
-    click.echo(f"metrics on http://{host}:{port}/metrics", err=True)
+    logs.configure("INFO").info(
+        f"metrics on http://{host}:{port}/metrics", **logs.fields(port=port)
+    )
     uvicorn.run(
         app,
         host=host,

@@ -9,6 +9,7 @@ from datetime import UTC, timedelta
 import pytest
 from click.testing import CliRunner
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
+from dagster._core.storage.compute_log_manager import ComputeIOType
 from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import event as sa_event
@@ -28,6 +29,7 @@ from email_platform.db.schema import (
     webhook_inbox,
 )
 from email_platform.errors import ConfigurationError
+from email_platform.store import circuits
 from email_platform.timeutil import utcnow
 from tests.hostile_support import hostile_settings
 from tests.support import publish_one, run_send
@@ -354,6 +356,14 @@ def test_dagster_runs_past_retention_are_deleted_oldest_first_and_bounded(tmp_pa
         _backdate_run(instance, runs["oldest"], 60)
         _backdate_run(instance, runs["old"], 40)
         _backdate_run(instance, runs["old running"], 90)
+        # What a run's step wrote to stderr (a lane worker's per-message JSON lines) goes too.
+        captured = {}
+        for name, run_id in runs.items():
+            key = [run_id, "compute_logs", "step"]
+            with instance.compute_log_manager.open_log_stream(key, ComputeIOType.STDERR) as f:
+                f.write(f'{{"msg": "accepted by the provider", "run": "{name}"}}\n')
+            captured[name] = instance.compute_log_manager.get_log_data(key).stderr
+        assert all(captured.values())
 
         assert purge_dagster_runs(instance, older_than_days=30, limit=10, dry_run=True) == 2
         assert len(instance.get_runs()) == 4
@@ -365,6 +375,12 @@ def test_dagster_runs_past_retention_are_deleted_oldest_first_and_bounded(tmp_pa
             runs["old running"],
             runs["young"],
         }
+        logs_left = {
+            name
+            for name, run_id in runs.items()
+            if instance.compute_log_manager.get_log_data([run_id, "compute_logs", "step"]).stderr
+        }
+        assert logs_left == {"old running", "young"}
 
 
 def test_retention_job_purges_and_reports_counts(engine, database_url, monkeypatch, tmp_path):
@@ -375,6 +391,16 @@ def test_retention_job_purges_and_reports_counts(engine, database_url, monkeypat
     monkeypatch.setenv("EMAIL_PLATFORM_RETENTION_BATCH_SIZE", "3")
     job = build_definitions(app_database=AppDatabase(url=database_url)).get_job_def("retention_job")
     with DagsterInstance.local_temp(str(tmp_path)) as instance:
+        with engine.begin() as connection:  # a killed run's circuit row, and a fresh one
+            for holder, age_s in [("killed-run", circuits.STALE_S + 60), ("live-run", 1)]:
+                circuits.record(
+                    connection,
+                    provider="sandbox",
+                    holder=holder,
+                    lane="bulk",
+                    state="open",
+                    now=utcnow() - timedelta(seconds=age_s),
+                )
         old_run = instance.add_run(DagsterRun(job_name="send_email_job"))
         instance.report_run_failed(old_run)
         _backdate_run(instance, old_run.run_id, 31)
@@ -385,7 +411,12 @@ def test_retention_job_purges_and_reports_counts(engine, database_url, monkeypat
         )
         assert dry.success
         counted = dry.output_for_node("purge_retention")
-        assert counted == {**EXPECTED, "dead_letters_expired": 0, "dagster_runs": 1}
+        assert counted == {
+            **EXPECTED,
+            "dead_letters_expired": 0,
+            "provider_circuits": 1,
+            "dagster_runs": 1,
+        }
         assert instance.get_run_by_id(old_run.run_id) is not None
         assert _event_ids(engine) >= set(made["gone"])
 
@@ -403,6 +434,9 @@ def test_retention_job_purges_and_reports_counts(engine, database_url, monkeypat
         assert metadata["email_outbox"].value == EXPECTED["email_outbox"]
         assert metadata["dry_run"].value is False
     assert _event_ids(engine) == set(made["kept"])
+    with engine.connect() as connection:
+        assert [v.holder for v in circuits.not_closed(connection, utcnow())] == ["live-run"]
+        assert circuits.delete_stale(connection, utcnow(), dry_run=True) == 0
 
 
 def test_the_retention_schedule_runs_the_job_daily_by_default():

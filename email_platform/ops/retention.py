@@ -2,6 +2,7 @@
 Dagster instance's own history, which open-source Dagster keeps forever (its ``retention``
 setting covers schedule and sensor ticks only)."""
 
+import contextlib
 from datetime import datetime, timedelta
 
 from dagster import (
@@ -17,6 +18,7 @@ from dagster import (
 from email_platform import config as settings
 from email_platform import retention
 from email_platform.resources import AppDatabase
+from email_platform.store import circuits
 from email_platform.timeutil import utcnow
 
 #: Runs in these states are over; anything queued, starting or running is never deleted.
@@ -33,7 +35,8 @@ class RetentionConfig(Config):
         "Closes dead letters past their message's expiry as 'expired', then deletes what is "
         "past its retention in batches of EMAIL_PLATFORM_RETENTION_BATCH_SIZE rows per "
         "transaction: resolved dead letters, finished events with their messages, attempts "
-        "and provider events, processed raw webhooks; then finished Dagster runs older than "
+        "and provider events, processed raw webhooks, circuit rows of runs long gone; then "
+        "finished Dagster runs (with their captured logs) older than "
         "EMAIL_PLATFORM_DAGSTER_RUN_RETENTION_DAYS (at most "
         "EMAIL_PLATFORM_DAGSTER_RUN_PURGE_LIMIT a run). Never anything pending, in flight or "
         "open, nor suppressions. dry_run counts only."
@@ -47,6 +50,10 @@ def purge_retention(
         app_database.get_engine(), chosen, dry_run=config.dry_run, log=context.log.info
     )
     counts = report.as_dict()
+    with app_database.get_engine().begin() as connection:
+        counts["provider_circuits"] = circuits.delete_stale(
+            connection, utcnow(), dry_run=config.dry_run
+        )
     counts["dagster_runs"] = purge_dagster_runs(
         context.instance,
         older_than_days=chosen.dagster_runs_days,
@@ -77,8 +84,10 @@ def purge_dagster_runs(
     now: datetime | None = None,
     keep_run_ids: list[str] | None = None,
 ) -> int:
-    """Delete (with their event logs) at most ``limit`` finished runs last updated more than
-    ``older_than_days`` ago, oldest first; ``dry_run`` counts them (up to ``limit``)."""
+    """Delete (with their event logs and captured stdout/stderr) at most ``limit`` finished
+    runs last updated more than ``older_than_days`` ago, oldest first; ``dry_run`` counts them
+    (up to ``limit``). ``DagsterInstance.delete_run`` leaves the captured logs, where a lane
+    worker's per-message JSON lines are (about 0.4 KB an email)."""
     cutoff = (now or utcnow()) - timedelta(days=older_than_days)
     runs = instance.get_runs(
         filters=RunsFilter(statuses=FINISHED_RUNS, updated_before=cutoff),
@@ -88,5 +97,8 @@ def purge_dagster_runs(
     doomed = [run.run_id for run in runs if run.run_id not in (keep_run_ids or [])]
     if not dry_run:
         for run_id in doomed:
+            # A log manager that keeps them elsewhere (S3 ...) may not delete: its own policy.
+            with contextlib.suppress(NotImplementedError):
+                instance.compute_log_manager.delete_logs(prefix=[run_id])
             instance.delete_run(run_id)
     return len(doomed)

@@ -168,6 +168,27 @@ class CircuitMirror:
             self.log.warning(f"could not clear this run's circuit rows: {type(exc).__name__}")
 
 
+def delete_stale(connection: Connection, now: datetime, *, dry_run: bool = False) -> int:
+    """Rows ``not_closed`` no longer counts (a killed run's, older than ``STALE_S`` and not a
+    live worker's); ``dry_run`` counts them."""
+    since = now - timedelta(seconds=STALE_S)
+    live_worker = (
+        select(lane_workers.c.run_id)
+        .where(lane_workers.c.ended_at.is_(None), lane_workers.c.heartbeat_at >= since)
+        .scalar_subquery()
+    )
+    stale = and_(
+        provider_circuits.c.changed_at < since, provider_circuits.c.holder.not_in(live_worker)
+    )
+    if dry_run:
+        return int(
+            connection.execute(
+                select(func.count()).select_from(provider_circuits).where(stale)
+            ).scalar()
+        )
+    return connection.execute(delete(provider_circuits).where(stale)).rowcount
+
+
 def by_provider(views: list[CircuitView]) -> dict[str, dict[str, int]]:
     """Per provider, how many processes hold its circuit in each state (open, half_open)."""
     counts: dict[str, dict[str, int]] = {}
