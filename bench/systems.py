@@ -1,10 +1,12 @@
-"""The systems the send benchmark compares, each run on a fresh database and sandbox: Dagster
-(lane workers or batch runs), the Celery baseline and the bare-loop ceiling."""
+"""The systems the send benchmark compares, each run on a fresh database and a sandbox that
+answers every call in ``Settings.provider_latency_ms``: Dagster (lane workers or batch runs), the
+Celery baseline in each configuration swept, and the bare-loop ceiling."""
 
 import contextlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -16,6 +18,7 @@ from typing import Any
 import httpx
 import psutil
 
+from bench.baseline_celery import CeleryConfig
 from bench.harness import (
     BIN,
     PG_SERVER,
@@ -47,9 +50,23 @@ class Settings:
     bulk_runs: int
     timeout_s: float
     workdir: Path
-    #: Messages per sandbox call for Dagster and the ceiling (1 = a call per message).
+    #: Messages per sandbox call for every system (1 = a call per message, how the real
+    #: adapters send; Celery then runs a task per email, else a task per batch).
     provider_batch: int = 100
+    #: How long the sandbox takes to answer each call (0 = at once).
+    provider_latency_ms: float = 0.0
+    #: Calls the ceiling keeps in flight; None = the Dagster system's (bulk_runs x concurrency).
+    ceiling_in_flight: int | None = None
     users_n: int = 500
+
+    @property
+    def dagster_in_flight(self) -> int:
+        """Provider calls the Dagster system's bulk workers keep in flight at most."""
+        return self.bulk_runs * self.concurrency
+
+    @property
+    def ceiling_calls_in_flight(self) -> int:
+        return self.ceiling_in_flight or self.dagster_in_flight
 
 
 @dataclass
@@ -68,13 +85,13 @@ def _drive(
     storage: Callable[[], tuple[int, int]] | None = None,
 ) -> Result:
     """Fresh database + sandbox, start the system, publish, wait, measure, tear down."""
-    stamp = f"{name.replace('-', '_')}_{os.getpid()}_{int(time.time())}"
+    stamp = f"{re.sub(r'[^a-z0-9]+', '_', name)}_{os.getpid()}_{int(time.time())}"
     db_name = f"bench_app_{stamp}"
     app_url = create_database(db_name)
     engine = prepare_app_db(app_url, settings.users_n)
     work = settings.workdir / stamp
     work.mkdir(parents=True)
-    sandbox = Sandbox(work / "sandbox.log")
+    sandbox = Sandbox(work / "sandbox.log", settings.provider_latency_ms)
     sampler = ProcessSampler()
     stop: Callable[[], None] = lambda: None  # noqa: E731
     try:
@@ -133,7 +150,6 @@ def run_dagster(
     critical_per_s: float,
     *,
     workers: bool = True,
-    provider_batch: int | None = None,
 ) -> Result:
     dagster_db = f"bench_dagster_{os.getpid()}_{int(time.time())}_{batch_size}"
     dagster_url = create_database(dagster_db)
@@ -180,7 +196,7 @@ def run_dagster(
             "EMAIL_PLATFORM_DATABASE_URL": app_url,
             "EMAIL_PLATFORM_PROVIDER": "sandbox",
             "EMAIL_PLATFORM_SANDBOX_BASE_URL": sandbox_url,
-            "EMAIL_PLATFORM_SANDBOX_BATCH_MAX": str(provider_batch or settings.provider_batch),
+            "EMAIL_PLATFORM_SANDBOX_BATCH_MAX": str(settings.provider_batch),
             "EMAIL_PLATFORM_LANES": json.dumps(lanes),
         }
         daemon = DaemonProcess(home, env).start()
@@ -219,6 +235,8 @@ def run_dagster(
             daemon_box["d"].stop()
         drop_database(dagster_db)
     result.figures["batch_size"] = batch_size
+    result.figures["in_flight"] = settings.dagster_in_flight if workers else None
+    result.figures["config"] = f"{settings.bulk_runs} bulk workers x {settings.concurrency}"
     return result
 
 
@@ -257,8 +275,8 @@ def run_ceiling(settings: Settings) -> Result:
                 sandbox_url,
                 "--batch-size",
                 str(settings.batch_size),
-                "--concurrency",
-                str(settings.concurrency),
+                "--in-flight",
+                str(settings.ceiling_calls_in_flight),
                 "--provider-batch",
                 str(settings.provider_batch),
             ],
@@ -267,56 +285,63 @@ def run_ceiling(settings: Settings) -> Result:
         )
         return (lambda: process.poll() is None), (lambda: _terminate(process)), [process.pid]
 
-    return _drive("ceiling", settings, settings.events, start, settings.critical_per_s)
+    result = _drive("ceiling", settings, settings.events, start, settings.critical_per_s)
+    result.figures["in_flight"] = settings.ceiling_calls_in_flight
+    result.figures["config"] = f"{settings.ceiling_calls_in_flight} threads"
+    return result
 
 
-def run_celery(settings: Settings) -> Result:
+def run_celery(settings: Settings, config: CeleryConfig) -> Result:
+    """The Celery baseline in one configuration: the relay and ``config.processes`` workers."""
     import redis
 
     redis.Redis.from_url(REDIS_URL).flushdb()
 
     def start(app_url: str, sandbox_url: str, work: Path):  # type: ignore[no-untyped-def]
-        ready = work / "celery.ready"
         env = {
             "BENCH_DATABASE_URL": app_url,
             "BENCH_SANDBOX_URL": sandbox_url,
             "BENCH_REDIS_URL": REDIS_URL,
-            "BENCH_CONCURRENCY": str(settings.concurrency),
+            "BENCH_CELERY_POOL": config.pool,
+            "BENCH_CONCURRENCY": str(config.concurrency),
+            "BENCH_PROVIDER_BATCH": str(settings.provider_batch),
             "BENCH_BATCH_SIZE": str(settings.batch_size),
-            "BENCH_READY_FILE": str(ready),
         }
-        worker = _spawn(
-            [
-                str(BIN / "celery"),
-                "-A",
-                "bench.baseline_celery",
-                "worker",
-                "--pool",
-                "threads",
-                "-c",
-                str(settings.concurrency),
-                "--loglevel",
-                "WARNING",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-            ],
-            env,
-            work / "celery_worker.log",
-        )
+        workers: list[subprocess.Popen] = []
+        ready = [work / f"celery{i}.ready" for i in range(config.processes)]
+        for i, ready_file in enumerate(ready):
+            workers.append(
+                _spawn(
+                    [
+                        *(str(BIN / "celery"), "-A", "bench.baseline_celery", "worker"),
+                        *("--pool", config.pool, "-c", str(config.concurrency)),
+                        *("-n", f"bench{i}@%h", "--loglevel", "WARNING"),
+                        *("--without-gossip", "--without-mingle", "--without-heartbeat"),
+                    ],
+                    {**env, "BENCH_READY_FILE": str(ready_file)},
+                    work / f"celery_worker{i}.log",
+                )
+            )
         deadline = time.monotonic() + 60
-        while not ready.exists():
-            if time.monotonic() > deadline or worker.poll() is not None:
-                _terminate(worker)
-                raise RuntimeError(f"celery worker did not come up; see {work}")
+        while not all(path.exists() for path in ready):
+            if time.monotonic() > deadline or any(w.poll() is not None for w in workers):
+                _terminate(*workers)
+                raise RuntimeError(f"celery workers did not come up; see {work}")
             time.sleep(0.2)
         relay = _spawn(
             [sys.executable, "-m", "bench.baseline_celery", "relay"], env, work / "relay.log"
         )
 
         def alive() -> bool:
-            return worker.poll() is None and relay.poll() is None
+            return relay.poll() is None and all(w.poll() is None for w in workers)
 
-        return alive, (lambda: _terminate(relay, worker)), [worker.pid, relay.pid]
+        pids = [relay.pid, *(w.pid for w in workers)]
+        return alive, (lambda: _terminate(relay, *workers)), pids
 
-    return _drive("celery", settings, settings.events, start, settings.critical_per_s)
+    result = _drive(
+        f"celery {config.name}", settings, settings.events, start, settings.critical_per_s
+    )
+    result.figures["in_flight"] = config.in_flight
+    result.figures["config"] = config.name
+    result.figures["prefetch_multiplier"] = config.prefetch_multiplier(settings.provider_batch)
+    return result
