@@ -128,8 +128,14 @@ app.conf.update(
     ),
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,
-    # Critical tasks jump the queue, as a user would configure it on Redis.
-    broker_transport_options={"queue_order_strategy": "priority", "priority_steps": [0, 9]},
+    broker_transport_options={
+        # Critical tasks jump the queue, as a user would configure it on Redis.
+        "queue_order_strategy": "priority",
+        "priority_steps": [0, 9],
+        # Each greenlet acks its own task on a Redis connection: kombu's default of 10 made
+        # gevent-300 fail acks with "Too many connections" (and a task unacked stays queued).
+        "max_connections": _env_config().concurrency + 10,
+    },
 )
 
 
