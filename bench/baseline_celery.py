@@ -39,6 +39,8 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_process_init, worker_ready
 from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from email_platform.db.engine import make_engine
 from email_platform.db.schema import email_outbox as outbox_table
@@ -189,7 +191,9 @@ def _event(fields: dict[str, Any]) -> SimpleNamespace:
 @app.task(
     name="bench.send_events",
     bind=True,
-    autoretry_for=(DeliveryError,),
+    # A database hiccup retries too: gevent-300 on a loaded host once waited past the pool's
+    # 30 s for a connection, and the task, failed and acked, left its event in flight for good.
+    autoretry_for=(DeliveryError, OperationalError, PoolTimeoutError),
     retry_backoff=1,
     retry_jitter=True,
     max_retries=5,
