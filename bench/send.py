@@ -222,6 +222,37 @@ def _run_setting(args: argparse.Namespace, settings: Settings, systems: list[str
     return [_median_result(rs) for rs in by_system.values()]
 
 
+def _report(
+    args: argparse.Namespace, systems: list[str], summaries: list[dict[str, Any]]
+) -> dict[str, Any]:
+    return {
+        "date": date.today().isoformat(),
+        "events": args.events,
+        "parameters": {
+            "critical_per_s": args.critical_per_s,
+            "batch_size": args.batch_size,
+            "concurrency": args.concurrency,
+            "bulk_runs": args.bulk_runs,
+            "ceiling_in_flight": args.ceiling_in_flight or args.bulk_runs * args.concurrency,
+            "celery_instant": args.celery_instant,
+            "celery_latency": args.celery_latency,
+            "systems": systems,
+            "repeats": args.repeats,
+            "dagster_storage": "postgresql",
+            "app_database": "postgresql",
+            "cpu_count": os.cpu_count(),
+        },
+        "settings": summaries,
+    }
+
+
+def _write(path: str | None, report: dict[str, Any]) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(report, indent=2, default=str) + "\n")
+        print(f"wrote {path}", file=sys.stderr)
+
+
 def compare(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="bench_send_"))
     latencies = [float(v) for v in args.provider_latency_ms.split(",") if v.strip()]
@@ -250,6 +281,8 @@ def compare(args: argparse.Namespace) -> int:
             print(f"\n{_setting_label(latency_ms, provider_batch)}")
             print_table(results, summary["baseline_emails_per_s"], summary["ceiling_emails_per_s"])
             print(flush=True)
+            # After every setting, so a long matrix cut short keeps what it measured.
+            _write(args.json, _report(args, systems, summaries))
     if args.per_event_events > 0:
         print("[once] dagster-per-event (bulk batch size 1)", file=sys.stderr, flush=True)
         settings = Settings(
@@ -279,31 +312,10 @@ def compare(args: argparse.Namespace) -> int:
         f"configuration of the sweep per setting; median of {args.repeats} repeat(s). CPU "
         f"excludes the sandbox, PostgreSQL and Redis."
     )
-    report: dict[str, Any] = {
-        "date": date.today().isoformat(),
-        "events": args.events,
-        "parameters": {
-            "critical_per_s": args.critical_per_s,
-            "batch_size": args.batch_size,
-            "concurrency": args.concurrency,
-            "bulk_runs": args.bulk_runs,
-            "ceiling_in_flight": args.ceiling_in_flight or args.bulk_runs * args.concurrency,
-            "celery_instant": args.celery_instant,
-            "celery_latency": args.celery_latency,
-            "systems": systems,
-            "repeats": args.repeats,
-            "dagster_storage": "postgresql",
-            "app_database": "postgresql",
-            "cpu_count": os.cpu_count(),
-        },
-        "settings": summaries,
-    }
+    report = _report(args, systems, summaries)
     if args.per_event_events > 0:
         report["dagster_per_event"] = {"events": per_event.events, **per_event.figures}
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
-        print(f"wrote {args.json}")
+    _write(args.json, report)
     failed = [r.system for r in all_results if not r.figures.get("drained")]
     if failed:
         print(f"NOT DRAINED: {', '.join(failed)}", file=sys.stderr)
