@@ -1,12 +1,14 @@
 """The ceiling: a bare loop with no scheduler at all, against the same database and sandbox.
 
 ``python -m bench.ceiling --database-url URL --sandbox-url URL [--batch-size 2000]
-[--concurrency 32] [--provider-batch 100]`` loops until stopped: claim a batch of due outbox
+[--in-flight 64] [--provider-batch 100]`` loops until stopped: claim a batch of due outbox
 events (the same atomic claim as the send op), route and render them with the shipped routes and
-templates, send them on keep-alive connections from a thread pool (``--provider-batch`` messages
-per call, as the real path does; 1 = a call per message), then mark them sent in one transaction
-per batch
-(one ``email_messages`` row each, with its ``sent_at``, and the events done). No attempts table,
+templates, send them on keep-alive connections from ``--in-flight`` threads (``--provider-batch``
+messages per call, as the real path does; 1 = a call per message), then mark them sent in one
+transaction per batch (one ``email_messages`` row each, with its ``sent_at``, and the events
+done). ``bench.send`` sets ``--in-flight`` to the calls the Dagster system keeps in flight (bulk
+workers x concurrency): against a provider that answers in 100 ms, calls in flight, not CPU, set
+the speed, and a ceiling with fewer of them would say nothing. No attempts table,
 no dedupe, no suppressions, no retries: it is the upper bound the real path is measured against,
 not a sender anyone should run. ``bench.send`` starts it in its own process.
 """
@@ -98,12 +100,13 @@ def message_row(event: Row, route: Any, email: OutgoingEmail, provider_id: str) 
 
 
 def run(
-    database_url: str, sandbox_url: str, batch_size: int, concurrency: int, provider_batch: int
+    database_url: str, sandbox_url: str, batch_size: int, in_flight: int, provider_batch: int
 ) -> None:
+    """Send until SIGTERM, keeping up to ``in_flight`` provider calls going."""
     engine = make_engine(database_url)
     mailer = Mailer(engine)
     provider = SandboxProvider(
-        sandbox_url, max_connections=concurrency, timeout_s=30, batch_max=provider_batch
+        sandbox_url, max_connections=in_flight, timeout_s=30, batch_max=provider_batch
     )
     stop = False
 
@@ -112,7 +115,7 @@ def run(
         stop = True
 
     signal.signal(signal.SIGTERM, _stop)
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+    with ThreadPoolExecutor(max_workers=in_flight) as pool:
         while not stop:
             now = utcnow()
             with engine.begin() as connection:
@@ -155,7 +158,7 @@ def run(
 
             # The same split as the real path: up to the provider's limit a call, but no fewer
             # calls than the thread pool can keep in flight.
-            per_call = max(1, min(provider.batch_max, -(-len(work) // concurrency)))
+            per_call = max(1, min(provider.batch_max, -(-len(work) // in_flight)))
             chunks = [work[i : i + per_call] for i in range(0, len(work), per_call)]
             rows = [row for chunk_rows in pool.map(send, chunks) for row in chunk_rows]
             with engine.begin() as connection:
@@ -175,10 +178,17 @@ def main() -> None:
     parser.add_argument("--database-url", required=True)
     parser.add_argument("--sandbox-url", required=True)
     parser.add_argument("--batch-size", type=int, default=2000)
-    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument(
+        "--in-flight",
+        "--concurrency",
+        dest="in_flight",
+        type=int,
+        default=64,
+        help="provider calls in flight (send threads)",
+    )
     parser.add_argument("--provider-batch", type=int, default=100)
     args = parser.parse_args()
-    run(args.database_url, args.sandbox_url, args.batch_size, args.concurrency, args.provider_batch)
+    run(args.database_url, args.sandbox_url, args.batch_size, args.in_flight, args.provider_batch)
 
 
 if __name__ == "__main__":

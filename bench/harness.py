@@ -59,12 +59,16 @@ def free_port() -> int:
 class Sandbox:
     """``email-platform sandbox serve`` in its own process (its CPU is not charged to anyone)."""
 
-    def __init__(self, log: Path) -> None:
+    def __init__(self, log: Path, latency_ms: float = 0.0) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = open(log, "ab")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
-            [str(BIN / "email-platform"), "sandbox", "serve", "--port", str(self.port)],
+            [
+                *(str(BIN / "email-platform"), "sandbox", "serve", "--port", str(self.port)),
+                # Every call answered after this long, as a real provider's API would be.
+                *("--latency-ms", str(latency_ms)),
+            ],
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )

@@ -42,6 +42,7 @@ from typing import Any
 import psutil
 from sqlalchemy import select
 
+from bench.baseline_celery import CeleryConfig
 from bench.harness import in_process
 from bench.systems import Result, Settings, run_ceiling, run_celery, run_dagster
 from email_platform.db.schema import email_outbox
@@ -70,7 +71,7 @@ def _fmt(value: Any, digits: int = 1) -> str:
 
 def print_table(results: list[Result], baseline: float | None, ceiling: float | None) -> None:
     header = (
-        f"{'system':<18} {'events':>6} {'emails/s':>9} {'drain/s':>8} "
+        f"{'system':<20} {'in-flight':>9} {'events':>6} {'emails/s':>9} {'drain/s':>8} "
         f"{'bulk p50/p95/p99 s':>20} {'crit p50/p95/p99 s':>20} {'cpu-s/1k':>8} "
         f"{'peakRSS MB':>10} {'B/email':>8} {'evlog B/e':>9} {'x celery':>8} {'x ceiling':>9}"
     )
@@ -88,7 +89,8 @@ def print_table(results: list[Result], baseline: float | None, ceiling: float | 
 
         eps = f.get("emails_per_s", 0.0)
         print(
-            f"{result.system:<18} {result.events:>6} {_fmt(eps):>9} "
+            f"{result.system:<20} {_fmt(f.get('in_flight')):>9} {result.events:>6} "
+            f"{_fmt(eps):>9} "
             f"{_fmt(f.get('drain_emails_per_s')):>8} {trio('bulk'):>20} {trio('critical'):>20} "
             f"{_fmt(f.get('cpu_s_per_1k'), 2):>8} {_fmt(f.get('peak_rss_mb'), 0):>10} "
             f"{_fmt(f.get('storage_bytes_per_email'), 0):>8} "
@@ -98,100 +100,223 @@ def print_table(results: list[Result], baseline: float | None, ceiling: float | 
         )
 
 
-def compare(args: argparse.Namespace) -> int:
-    workdir = Path(tempfile.mkdtemp(prefix="bench_send_"))
-    settings = Settings(
-        events=args.events,
-        critical_per_s=args.critical_per_s,
-        batch_size=args.batch_size,
-        concurrency=args.concurrency,
-        bulk_runs=args.bulk_runs,
-        timeout_s=args.timeout_s,
-        workdir=workdir,
-        provider_batch=args.provider_batch,
-    )
-    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    by_system: dict[str, list[Result]] = {}
-    for repeat in range(args.repeats):
-        for system in systems:
-            print(f"[repeat {repeat + 1}/{args.repeats}] {system}", file=sys.stderr, flush=True)
-            if system in ("dagster", "dagster-batch", "dagster-single"):
-                result = run_dagster(
-                    settings,
-                    settings.events,
-                    settings.batch_size,
-                    system,
-                    args.critical_per_s,
-                    workers=system != "dagster-batch",
-                    provider_batch=1 if system == "dagster-single" else None,
-                )
-            elif system == "celery":
-                result = run_celery(settings)
-            elif system == "ceiling":
-                result = run_ceiling(settings)
-            else:
-                raise SystemExit(f"unknown system {system!r}")
-            by_system.setdefault(system, []).append(result)
-            f = result.figures
-            print(
-                f"  {system}: {f.get('emails_per_s', 0):.1f} emails/s, first sent after "
-                f"{f.get('first_sent_s') or 0:.1f}s, backlog published in "
-                f"{f.get('publish_s') or 0:.1f}s; CPU-s by process: "
-                + ", ".join(f"{k} {v}" for k, v in f.get("cpu_s_by_kind", {}).items()),
-                file=sys.stderr,
-                flush=True,
-            )
-    if args.per_event_events > 0:
-        print("[once] dagster-per-event (bulk batch size 1)", file=sys.stderr, flush=True)
-        by_system["dagster-per-event"] = [
-            # No critical trickle: one run per email saturates the run queue on its own.
-            run_dagster(settings, args.per_event_events, 1, "dagster-per-event", 0.0, workers=False)
-        ]
-    results = [_median_result(rs) for rs in by_system.values()]
-    figures = {r.system: r for r in results}
-    baseline = figures["celery"].figures["emails_per_s"] if "celery" in figures else None
-    ceiling = figures["ceiling"].figures["emails_per_s"] if "ceiling" in figures else None
-    print()
-    print_table(results, baseline, ceiling)
-    print(
-        f"\n{settings.events} bulk events + critical trickle at {settings.critical_per_s}/s; "
-        f"bulk batch {settings.batch_size}, concurrency {settings.concurrency}, "
-        f"{settings.bulk_runs} bulk runs at once; {settings.provider_batch} messages per sandbox "
-        f"call (Dagster, ceiling; Celery sends one per task); median of {args.repeats} repeat(s). "
-        f"CPU excludes the sandbox, PostgreSQL and Redis."
-    )
-    ours = figures.get("dagster")
-    summary: dict[str, Any] = {
-        "date": date.today().isoformat(),
-        "events": settings.events,
-        "emails_per_s": ours.figures["emails_per_s"] if ours else None,
-        "baseline_emails_per_s": baseline,
-        "ceiling_emails_per_s": ceiling,
+def _setting_label(latency_ms: float, provider_batch: int) -> str:
+    calls = "one message a call" if provider_batch == 1 else f"{provider_batch} messages a call"
+    return f"sandbox {latency_ms:g} ms, {calls}"
+
+
+def _celery_configs(args: argparse.Namespace, latency_ms: float) -> list[CeleryConfig]:
+    """The Celery sweep for a setting: prefork for an instant provider, gevent for a slow one
+    (what Celery's docs advise for CPU-bound and I/O-bound tasks)."""
+    specs = args.celery_instant if latency_ms == 0 else args.celery_latency
+    return [CeleryConfig.parse(spec) for spec in specs.split(",") if spec.strip()]
+
+
+def _summarize(latency_ms: float, provider_batch: int, results: list[Result]) -> dict[str, Any]:
+    """One setting's figures: the keys the issue asks for, then every row."""
+    rows = {r.system: r for r in results}
+    ours = rows.get("dagster")
+    celery = [r for r in results if r.system.startswith("celery")]
+    best = max(celery, key=lambda r: r.figures.get("emails_per_s", 0.0), default=None)
+    ceiling = rows.get("ceiling")
+
+    def eps(result: Result | None) -> float | None:
+        return result.figures.get("emails_per_s") if result else None
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a is not None and b else None
+
+    return {
+        "provider_latency_ms": latency_ms,
+        "provider_batch": provider_batch,
+        "emails_per_s": eps(ours),
+        "baseline_emails_per_s": eps(best),
+        "baseline_config": best.figures.get("config") if best else None,
+        "ceiling_emails_per_s": eps(ceiling),
+        "x_baseline": ratio(eps(ours), eps(best)),
+        "x_ceiling": ratio(eps(ours), eps(ceiling)),
         "critical_p50_s": _lane(ours, "critical", "p50_s"),
         "critical_p99_s": _lane(ours, "critical", "p99_s"),
         "event_log_bytes_per_email": ours.figures.get("event_log_bytes_per_email")
         if ours
         else None,
+        "cpu_s_per_1k": ours.figures.get("cpu_s_per_1k") if ours else None,
+        "baseline_cpu_s_per_1k": best.figures.get("cpu_s_per_1k") if best else None,
+        "ceiling_cpu_s_per_1k": ceiling.figures.get("cpu_s_per_1k") if ceiling else None,
         "storage_bytes_per_email": ours.figures.get("storage_bytes_per_email") if ours else None,
         "peak_rss_mb": ours.figures.get("peak_rss_mb") if ours else None,
-        "settings": {
-            "critical_per_s": settings.critical_per_s,
-            "batch_size": settings.batch_size,
-            "concurrency": settings.concurrency,
-            "bulk_runs": settings.bulk_runs,
-            "provider_batch": settings.provider_batch,
+        "dagster_in_flight": ours.figures.get("in_flight") if ours else None,
+        "ceiling_in_flight": ceiling.figures.get("in_flight") if ceiling else None,
+        "systems": {r.system: {"events": r.events, **r.figures} for r in results},
+    }
+
+
+def print_summary(summaries: list[dict[str, Any]]) -> None:
+    """One line per setting: Dagster against the best Celery configuration and the ceiling."""
+    header = (
+        f"{'setting':<36} {'dagster/s':>9} {'best celery':>22} {'ceiling/s':>9} "
+        f"{'x celery':>8} {'x ceiling':>9} {'cpu-s/1k d/c/ceil':>18} {'crit p50/p99 s':>14}"
+    )
+    print(header)
+    print("-" * len(header))
+    for s in summaries:
+        best = (
+            f"{_fmt(s['baseline_emails_per_s'])} ({s['baseline_config']})"
+            if s["baseline_config"]
+            else "-"
+        )
+        cpu = "/".join(
+            _fmt(s[k], 2) for k in ("cpu_s_per_1k", "baseline_cpu_s_per_1k", "ceiling_cpu_s_per_1k")
+        )
+        crit = f"{_fmt(s['critical_p50_s'])}/{_fmt(s['critical_p99_s'])}"
+        print(
+            f"{_setting_label(s['provider_latency_ms'], s['provider_batch']):<36} "
+            f"{_fmt(s['emails_per_s']):>9} {best:>22} {_fmt(s['ceiling_emails_per_s']):>9} "
+            f"{_fmt(s['x_baseline'], 2):>8} {_fmt(s['x_ceiling'], 2):>9} {cpu:>18} {crit:>14}"
+        )
+
+
+def _run_setting(args: argparse.Namespace, settings: Settings, systems: list[str]) -> list[Result]:
+    """Every system (every Celery configuration) at one setting, ``--repeats`` times."""
+    by_system: dict[str, list[Result]] = {}
+    label = _setting_label(settings.provider_latency_ms, settings.provider_batch)
+    for repeat in range(args.repeats):
+        for system in systems:
+            if system in ("dagster", "dagster-batch"):
+                runs = [
+                    lambda system=system: run_dagster(
+                        settings,
+                        settings.events,
+                        settings.batch_size,
+                        system,
+                        args.critical_per_s,
+                        workers=system != "dagster-batch",
+                    )
+                ]
+            elif system == "celery":
+                runs = [
+                    lambda config=config: run_celery(settings, config)
+                    for config in _celery_configs(args, settings.provider_latency_ms)
+                ]
+            elif system == "ceiling":
+                runs = [lambda: run_ceiling(settings)]
+            else:
+                raise SystemExit(f"unknown system {system!r}")
+            for run in runs:
+                result = run()
+                print(
+                    f"[{label}, repeat {repeat + 1}/{args.repeats}] {result.system}",
+                    end="",
+                    file=sys.stderr,
+                )
+                by_system.setdefault(result.system, []).append(result)
+                f = result.figures
+                print(
+                    f": {f.get('emails_per_s', 0):.1f} emails/s, {f.get('cpu_s_per_1k', 0):.2f} "
+                    f"CPU-s/1k, first sent after {f.get('first_sent_s') or 0:.1f}s, backlog "
+                    f"published in {f.get('publish_s') or 0:.1f}s; CPU-s by process: "
+                    + ", ".join(f"{k} {v}" for k, v in f.get("cpu_s_by_kind", {}).items()),
+                    file=sys.stderr,
+                    flush=True,
+                )
+    return [_median_result(rs) for rs in by_system.values()]
+
+
+def _report(
+    args: argparse.Namespace, systems: list[str], summaries: list[dict[str, Any]]
+) -> dict[str, Any]:
+    return {
+        "date": date.today().isoformat(),
+        "events": args.events,
+        "parameters": {
+            "critical_per_s": args.critical_per_s,
+            "batch_size": args.batch_size,
+            "concurrency": args.concurrency,
+            "bulk_runs": args.bulk_runs,
+            "ceiling_in_flight": args.ceiling_in_flight or args.bulk_runs * args.concurrency,
+            "celery_instant": args.celery_instant,
+            "celery_latency": args.celery_latency,
+            "systems": systems,
             "repeats": args.repeats,
             "dagster_storage": "postgresql",
             "app_database": "postgresql",
             "cpu_count": os.cpu_count(),
         },
-        "systems": {r.system: {"events": r.events, **r.figures} for r in results},
+        "settings": summaries,
     }
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + "\n")
-        print(f"wrote {args.json}")
-    failed = [r.system for r in results if not r.figures.get("drained")]
+
+
+def _write(path: str | None, report: dict[str, Any]) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(report, indent=2, default=str) + "\n")
+        print(f"wrote {path}", file=sys.stderr)
+
+
+def compare(args: argparse.Namespace) -> int:
+    workdir = Path(tempfile.mkdtemp(prefix="bench_send_"))
+    latencies = [float(v) for v in args.provider_latency_ms.split(",") if v.strip()]
+    batches = [int(v) for v in args.provider_batch.split(",") if v.strip()]
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    summaries: list[dict[str, Any]] = []
+    all_results: list[Result] = []
+    for latency_ms in latencies:
+        for provider_batch in batches:
+            settings = Settings(
+                events=args.events,
+                critical_per_s=args.critical_per_s,
+                batch_size=args.batch_size,
+                concurrency=args.concurrency,
+                bulk_runs=args.bulk_runs,
+                timeout_s=args.timeout_s,
+                workdir=workdir,
+                provider_batch=provider_batch,
+                provider_latency_ms=latency_ms,
+                ceiling_in_flight=args.ceiling_in_flight,
+            )
+            results = _run_setting(args, settings, systems)
+            summary = _summarize(latency_ms, provider_batch, results)
+            summaries.append(summary)
+            all_results.extend(results)
+            print(f"\n{_setting_label(latency_ms, provider_batch)}")
+            print_table(results, summary["baseline_emails_per_s"], summary["ceiling_emails_per_s"])
+            print(flush=True)
+            # After every setting, so a long matrix cut short keeps what it measured.
+            _write(args.json, _report(args, systems, summaries))
+    if args.per_event_events > 0:
+        print("[once] dagster-per-event (bulk batch size 1)", file=sys.stderr, flush=True)
+        settings = Settings(
+            events=args.per_event_events,
+            critical_per_s=0.0,
+            batch_size=1,
+            concurrency=args.concurrency,
+            bulk_runs=args.bulk_runs,
+            timeout_s=args.timeout_s,
+            workdir=workdir,
+            provider_batch=batches[0],
+            provider_latency_ms=latencies[0],
+        )
+        # No critical trickle: one run per email saturates the run queue on its own.
+        per_event = run_dagster(
+            settings, args.per_event_events, 1, "dagster-per-event", 0.0, workers=False
+        )
+        all_results.append(per_event)
+        print_table([per_event], None, None)
+    print()
+    print_summary(summaries)
+    print(
+        f"\n{args.events} bulk events + critical trickle at {args.critical_per_s}/s; bulk batch "
+        f"{args.batch_size}; Dagster: {args.bulk_runs} bulk workers x {args.concurrency} calls in "
+        f"flight; ceiling: {args.ceiling_in_flight or args.bulk_runs * args.concurrency} calls in "
+        f"flight; Celery: a task per email (one message a call) or per batch; best Celery "
+        f"configuration of the sweep per setting; median of {args.repeats} repeat(s). CPU "
+        f"excludes the sandbox, PostgreSQL and Redis."
+    )
+    report = _report(args, systems, summaries)
+    if args.per_event_events > 0:
+        report["dagster_per_event"] = {"events": per_event.events, **per_event.figures}
+    _write(args.json, report)
+    failed = [r.system for r in all_results if not r.figures.get("drained")]
     if failed:
         print(f"NOT DRAINED: {', '.join(failed)}", file=sys.stderr)
         return 1
@@ -282,27 +407,62 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=3000, help="bulk backlog size")
     parser.add_argument("--critical-per-s", type=float, default=2.0, help="critical trickle")
     parser.add_argument("--batch-size", type=int, default=2500, help="bulk lane batch size")
-    parser.add_argument("--concurrency", type=int, default=32, help="in-flight sends per run")
+    parser.add_argument(
+        "--concurrency", type=int, default=32, help="provider calls in flight per bulk worker"
+    )
     parser.add_argument(
         "--provider-batch",
-        type=int,
-        default=100,
-        help="messages per sandbox call for Dagster and the ceiling (1: a call per message)",
+        default="100",
+        help="messages per sandbox call, a comma-separated list of settings (1: a call per "
+        "message, how the real adapters send; hotpath and worker take one number)",
+    )
+    parser.add_argument(
+        "--provider-latency-ms",
+        default="0",
+        help="how long the sandbox takes to answer each call, a comma-separated list of settings",
+    )
+    parser.add_argument(
+        "--matrix",
+        action="store_true",
+        help="every setting of {0, 100 ms} x {one message a call, 100 a call}",
     )
     parser.add_argument(
         "--bulk-runs", type=int, default=2, help="bulk workers (batch runs: runs at once)"
     )
+    parser.add_argument(
+        "--ceiling-in-flight",
+        type=int,
+        help="calls the ceiling keeps in flight (default: the Dagster system's, bulk runs x "
+        "concurrency)",
+    )
+    parser.add_argument(
+        "--celery-instant",
+        default="prefork-2,prefork-4,prefork-8",
+        help="Celery configurations swept against an instant sandbox (0 ms)",
+    )
+    parser.add_argument(
+        "--celery-latency",
+        default="gevent-100,gevent-300,gevent-2x150",
+        help="Celery configurations swept against a sandbox with latency (gevent-2x150: two "
+        "worker processes of 150 greenlets)",
+    )
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--systems", default="dagster,dagster-single,dagster-batch,celery,ceiling")
+    parser.add_argument(
+        "--systems", default="dagster,celery,ceiling", help="also: dagster-batch (workers: 0)"
+    )
     parser.add_argument(
         "--per-event-events",
         type=int,
-        default=20,
-        help="events for the one-run-per-email mode (0 skips it)",
+        default=0,
+        help="events for the one-run-per-email mode, run once (e.g. 20; 0 skips it)",
     )
     parser.add_argument("--timeout-s", type=float, default=1800)
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
+    if args.matrix:
+        args.provider_latency_ms, args.provider_batch = "0,100", "1,100"
+    if args.mode != "compare":
+        args.provider_batch = int(args.provider_batch.split(",")[0])
     # Tear down daemons, workers and databases on SIGTERM too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     modes = {"compare": compare, "hotpath": hotpath, "worker": worker}

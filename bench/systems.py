@@ -1,10 +1,12 @@
-"""The systems the send benchmark compares, each run on a fresh database and sandbox: Dagster
-(lane workers or batch runs), the Celery baseline and the bare-loop ceiling."""
+"""The systems the send benchmark compares, each run on a fresh database and a sandbox that
+answers every call in ``Settings.provider_latency_ms``: Dagster (lane workers or batch runs), the
+Celery baseline in each configuration swept, and the bare-loop ceiling."""
 
 import contextlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -15,7 +17,9 @@ from typing import Any
 
 import httpx
 import psutil
+from sqlalchemy import Engine, func, select
 
+from bench.baseline_celery import CeleryConfig
 from bench.harness import (
     BIN,
     PG_SERVER,
@@ -29,6 +33,7 @@ from bench.harness import (
 )
 from bench.measure import ProcessSampler, dagster_storage, measure_app_db
 from bench.workload import CriticalTrickle, publish_backlog
+from email_platform.db.schema import lane_workers
 from email_platform.lanes import LANES
 from email_platform.local.dagster_home import (
     DaemonProcess,
@@ -47,9 +52,23 @@ class Settings:
     bulk_runs: int
     timeout_s: float
     workdir: Path
-    #: Messages per sandbox call for Dagster and the ceiling (1 = a call per message).
+    #: Messages per sandbox call for every system (1 = a call per message, how the real
+    #: adapters send; Celery then runs a task per email, else a task per batch).
     provider_batch: int = 100
+    #: How long the sandbox takes to answer each call (0 = at once).
+    provider_latency_ms: float = 0.0
+    #: Calls the ceiling keeps in flight; None = the Dagster system's (bulk_runs x concurrency).
+    ceiling_in_flight: int | None = None
     users_n: int = 500
+
+    @property
+    def dagster_in_flight(self) -> int:
+        """Provider calls the Dagster system's bulk workers keep in flight at most."""
+        return self.bulk_runs * self.concurrency
+
+    @property
+    def ceiling_calls_in_flight(self) -> int:
+        return self.ceiling_in_flight or self.dagster_in_flight
 
 
 @dataclass
@@ -66,15 +85,20 @@ def _drive(
     start: Callable[[str, str, Path], tuple[Callable[[], bool], Callable[[], None], list[int]]],
     critical_per_s: float,
     storage: Callable[[], tuple[int, int]] | None = None,
+    warm: Callable[[Engine], bool] | None = None,
 ) -> Result:
-    """Fresh database + sandbox, start the system, publish, wait, measure, tear down."""
-    stamp = f"{name.replace('-', '_')}_{os.getpid()}_{int(time.time())}"
+    """Fresh database + sandbox, start the system, publish, wait, measure, tear down.
+
+    ``warm``: true once the system's bulk senders are up; the backlog waits for it, as it waits
+    for the Celery workers' ready files, so every system is measured sending, not starting.
+    """
+    stamp = f"{re.sub(r'[^a-z0-9]+', '_', name)}_{os.getpid()}_{int(time.time())}"
     db_name = f"bench_app_{stamp}"
     app_url = create_database(db_name)
     engine = prepare_app_db(app_url, settings.users_n)
     work = settings.workdir / stamp
     work.mkdir(parents=True)
-    sandbox = Sandbox(work / "sandbox.log")
+    sandbox = Sandbox(work / "sandbox.log", settings.provider_latency_ms)
     sampler = ProcessSampler()
     stop: Callable[[], None] = lambda: None  # noqa: E731
     try:
@@ -85,8 +109,14 @@ def _drive(
         storage_before = storage() if storage else (0, 0)
         # Steady state first: the critical trickle runs until its first mail is accepted (the
         # lane is live, as it is in production), then the backlog lands on top of it.
+        warmup_started = time.monotonic()
         trickle = CriticalTrickle(engine, critical_per_s, settings.users_n).start()
-        warmup_s = wait_first_sent(engine, settings.timeout_s, alive) if critical_per_s else 0.0
+        if critical_per_s:
+            wait_first_sent(engine, settings.timeout_s, alive)
+        deadline = warmup_started + settings.timeout_s
+        while warm is not None and not warm(engine) and alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        warmup_s = time.monotonic() - warmup_started
         print(f"  {name}: publishing {events} bulk events ...", file=sys.stderr, flush=True)
         publish_s = publish_backlog(engine, events)
         # The critical trickle runs while the bulk backlog drains.
@@ -125,6 +155,16 @@ def _drive(
 LANE_NAMES = [lane.value for lane in LANES]
 
 
+def _bulk_workers_up(engine: Engine) -> int:
+    """Bulk lane workers running now (each registers itself when its run starts)."""
+    with engine.connect() as connection:
+        return connection.execute(
+            select(func.count())
+            .select_from(lane_workers)
+            .where(lane_workers.c.lane == "bulk", lane_workers.c.ended_at.is_(None))
+        ).scalar_one()
+
+
 def run_dagster(
     settings: Settings,
     events: int,
@@ -133,7 +173,6 @@ def run_dagster(
     critical_per_s: float,
     *,
     workers: bool = True,
-    provider_batch: int | None = None,
 ) -> Result:
     dagster_db = f"bench_dagster_{os.getpid()}_{int(time.time())}_{batch_size}"
     dagster_url = create_database(dagster_db)
@@ -180,7 +219,7 @@ def run_dagster(
             "EMAIL_PLATFORM_DATABASE_URL": app_url,
             "EMAIL_PLATFORM_PROVIDER": "sandbox",
             "EMAIL_PLATFORM_SANDBOX_BASE_URL": sandbox_url,
-            "EMAIL_PLATFORM_SANDBOX_BATCH_MAX": str(provider_batch or settings.provider_batch),
+            "EMAIL_PLATFORM_SANDBOX_BATCH_MAX": str(settings.provider_batch),
             "EMAIL_PLATFORM_LANES": json.dumps(lanes),
         }
         daemon = DaemonProcess(home, env).start()
@@ -213,12 +252,17 @@ def run_dagster(
             start,
             critical_per_s,
             storage=lambda: dagster_storage(dagster_url),
+            warm=(lambda engine: _bulk_workers_up(engine) >= settings.bulk_runs)
+            if workers
+            else None,
         )
     finally:
         if "d" in daemon_box:
             daemon_box["d"].stop()
         drop_database(dagster_db)
     result.figures["batch_size"] = batch_size
+    result.figures["in_flight"] = settings.dagster_in_flight if workers else None
+    result.figures["config"] = f"{settings.bulk_runs} bulk workers x {settings.concurrency}"
     return result
 
 
@@ -257,8 +301,8 @@ def run_ceiling(settings: Settings) -> Result:
                 sandbox_url,
                 "--batch-size",
                 str(settings.batch_size),
-                "--concurrency",
-                str(settings.concurrency),
+                "--in-flight",
+                str(settings.ceiling_calls_in_flight),
                 "--provider-batch",
                 str(settings.provider_batch),
             ],
@@ -267,56 +311,63 @@ def run_ceiling(settings: Settings) -> Result:
         )
         return (lambda: process.poll() is None), (lambda: _terminate(process)), [process.pid]
 
-    return _drive("ceiling", settings, settings.events, start, settings.critical_per_s)
+    result = _drive("ceiling", settings, settings.events, start, settings.critical_per_s)
+    result.figures["in_flight"] = settings.ceiling_calls_in_flight
+    result.figures["config"] = f"{settings.ceiling_calls_in_flight} threads"
+    return result
 
 
-def run_celery(settings: Settings) -> Result:
+def run_celery(settings: Settings, config: CeleryConfig) -> Result:
+    """The Celery baseline in one configuration: the relay and ``config.processes`` workers."""
     import redis
 
     redis.Redis.from_url(REDIS_URL).flushdb()
 
     def start(app_url: str, sandbox_url: str, work: Path):  # type: ignore[no-untyped-def]
-        ready = work / "celery.ready"
         env = {
             "BENCH_DATABASE_URL": app_url,
             "BENCH_SANDBOX_URL": sandbox_url,
             "BENCH_REDIS_URL": REDIS_URL,
-            "BENCH_CONCURRENCY": str(settings.concurrency),
+            "BENCH_CELERY_POOL": config.pool,
+            "BENCH_CONCURRENCY": str(config.concurrency),
+            "BENCH_PROVIDER_BATCH": str(settings.provider_batch),
             "BENCH_BATCH_SIZE": str(settings.batch_size),
-            "BENCH_READY_FILE": str(ready),
         }
-        worker = _spawn(
-            [
-                str(BIN / "celery"),
-                "-A",
-                "bench.baseline_celery",
-                "worker",
-                "--pool",
-                "threads",
-                "-c",
-                str(settings.concurrency),
-                "--loglevel",
-                "WARNING",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-            ],
-            env,
-            work / "celery_worker.log",
-        )
+        workers: list[subprocess.Popen] = []
+        ready = [work / f"celery{i}.ready" for i in range(config.processes)]
+        for i, ready_file in enumerate(ready):
+            workers.append(
+                _spawn(
+                    [
+                        *(str(BIN / "celery"), "-A", "bench.baseline_celery", "worker"),
+                        *("--pool", config.pool, "-c", str(config.concurrency)),
+                        *("-n", f"bench{i}@%h", "--loglevel", "WARNING"),
+                        *("--without-gossip", "--without-mingle", "--without-heartbeat"),
+                    ],
+                    {**env, "BENCH_READY_FILE": str(ready_file)},
+                    work / f"celery_worker{i}.log",
+                )
+            )
         deadline = time.monotonic() + 60
-        while not ready.exists():
-            if time.monotonic() > deadline or worker.poll() is not None:
-                _terminate(worker)
-                raise RuntimeError(f"celery worker did not come up; see {work}")
+        while not all(path.exists() for path in ready):
+            if time.monotonic() > deadline or any(w.poll() is not None for w in workers):
+                _terminate(*workers)
+                raise RuntimeError(f"celery workers did not come up; see {work}")
             time.sleep(0.2)
         relay = _spawn(
             [sys.executable, "-m", "bench.baseline_celery", "relay"], env, work / "relay.log"
         )
 
         def alive() -> bool:
-            return worker.poll() is None and relay.poll() is None
+            return relay.poll() is None and all(w.poll() is None for w in workers)
 
-        return alive, (lambda: _terminate(relay, worker)), [worker.pid, relay.pid]
+        pids = [relay.pid, *(w.pid for w in workers)]
+        return alive, (lambda: _terminate(relay, *workers)), pids
 
-    return _drive("celery", settings, settings.events, start, settings.critical_per_s)
+    result = _drive(
+        f"celery {config.name}", settings, settings.events, start, settings.critical_per_s
+    )
+    result.figures["in_flight"] = config.in_flight
+    result.figures["config"] = config.name
+    result.figures["prefetch_multiplier"] = config.prefetch_multiplier(settings.provider_batch)
+    return result

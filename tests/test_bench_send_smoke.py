@@ -1,24 +1,42 @@
-"""The send benchmark keeps working: its smallest size runs every system to the end and writes
-the figures. No timing is asserted here; benchmarks are measured with ``python -m bench.send``.
+"""The send benchmark keeps working: at its smallest size it runs every setting of the matrix
+(an instant and a slow sandbox, one message a call and batch calls) through the Celery
+configurations it sweeps (prefork, and gevent in two worker processes), and one setting through
+the Dagster system, the best Celery and the ceiling, each run ending with every event sent once,
+and writes the per-setting figures. No timing is asserted here; benchmarks are measured with
+``python -m bench.send``.
 """
 
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import redis
 
 pytestmark = pytest.mark.e2e
 
+# The bench flushes its Redis database: never the one the Celery end-to-end tests use.
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/13")
 
-# It starts five systems one after another (several daemons and their runs): near the suite's
-# 300 s hang guard on a loaded host, so it gets the 900 s its own subprocess is allowed.
-@pytest.mark.timeout(960)
-def test_bench_send_smallest_size_drains_and_writes_json(tmp_path, postgres_admin_url):
+PER_SETTING_KEYS = (
+    "emails_per_s",
+    "baseline_emails_per_s",
+    "ceiling_emails_per_s",
+    "critical_p50_s",
+    "critical_p99_s",
+    "event_log_bytes_per_email",
+    "cpu_s_per_1k",
+    "provider_latency_ms",
+    "provider_batch",
+)
+
+
+@pytest.fixture
+def bench_env(postgres_admin_url) -> dict[str, str]:
     try:
-        redis.Redis.from_url("redis://127.0.0.1:6379/15").ping()
+        redis.Redis.from_url(REDIS_URL).ping()
     except redis.RedisError:
         pytest.skip("the Celery baseline needs Redis at 127.0.0.1:6379")
     if not postgres_admin_url.host:
@@ -30,43 +48,85 @@ def test_bench_send_smallest_size_drains_and_writes_json(tmp_path, postgres_admi
         f"{postgres_admin_url.drivername}://{auth}@{postgres_admin_url.host}:"
         f"{postgres_admin_url.port or 5432}"
     )
-    out = tmp_path / "bench.json"
+    return {**os.environ, "BENCH_POSTGRES": server.rstrip("/"), "BENCH_REDIS_URL": REDIS_URL}
+
+
+def _bench(env: dict[str, str], out: Path, *args: str) -> dict:
     completed = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "bench.send",
-            "--events",
-            "50",
-            "--critical-per-s",
-            "1",
-            "--per-event-events",
-            "2",
-            "--json",
-            str(out),
+            *(sys.executable, "-m", "bench.send", "--events", "40", "--critical-per-s", "1"),
+            *("--json", str(out), *args),
         ],
         capture_output=True,
         text=True,
-        timeout=900,
-        env={**os.environ, "BENCH_POSTGRES": server.rstrip("/")},
+        timeout=400,
+        env=env,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
-    figures = json.loads(out.read_text())
-    for key in (
-        "emails_per_s",
-        "baseline_emails_per_s",
-        "ceiling_emails_per_s",
-        "critical_p50_s",
-        "critical_p99_s",
-        "event_log_bytes_per_email",
-        "peak_rss_mb",
-        "events",
-    ):
-        assert key in figures
-    assert figures["events"] == 50
-    for system in ("dagster", "dagster-batch", "celery", "ceiling", "dagster-per-event"):
-        result = figures["systems"][system]
-        assert result["drained"] and result["not_done"] == 0
-        # Every bulk event and every critical event published was accepted by the provider.
-        sent = result["sent"] + result["warmup_sent"]
-        assert sent == result["events"] + result["critical_published"]
+    return json.loads(out.read_text())
+
+
+def _assert_all_sent(system: str, result: dict) -> None:
+    assert result["drained"] and result["not_done"] == 0, system
+    # Every bulk event and every critical event published was accepted by the provider once.
+    sent = result["sent"] + result["warmup_sent"]
+    assert sent == result["events"] + result["critical_published"], system
+    assert result["provider_accepted"] == sent, system
+
+
+@pytest.mark.timeout(480)
+def test_bench_matrix_runs_every_celery_configuration_to_the_end(tmp_path, bench_env):
+    report = _bench(
+        bench_env,
+        tmp_path / "matrix.json",
+        *("--systems", "celery", "--provider-latency-ms", "0,20"),
+        *("--provider-batch", "1,10", "--celery-instant", "prefork-2"),
+        *("--celery-latency", "gevent-2x10", "--bulk-runs", "1", "--concurrency", "4"),
+    )
+    settings = report["settings"]
+    assert [(s["provider_latency_ms"], s["provider_batch"]) for s in settings] == [
+        (0, 1),
+        (0, 10),
+        (20, 1),
+        (20, 10),
+    ]
+    for setting in settings:
+        expected = "prefork-2" if setting["provider_latency_ms"] == 0 else "gevent-2x10"
+        assert set(setting["systems"]) == {f"celery {expected}"}
+        # The best (here the only) Celery configuration is the baseline.
+        assert setting["baseline_config"] == expected
+        celery = setting["systems"][f"celery {expected}"]
+        assert setting["baseline_emails_per_s"] == celery["emails_per_s"] > 0
+        assert celery["in_flight"] == (2 if expected == "prefork-2" else 20)
+        for system, result in setting["systems"].items():
+            _assert_all_sent(system, result)
+            # Batch calls really were batched: fewer calls than messages.
+            calls, accepted = result["provider_requests"], result["provider_accepted"]
+            if setting["provider_batch"] == 1:
+                assert calls == accepted, system
+            else:
+                assert calls < accepted, system
+
+
+@pytest.mark.timeout(480)
+def test_bench_setting_with_dagster_carries_every_figure(tmp_path, bench_env):
+    report = _bench(
+        bench_env,
+        tmp_path / "one.json",
+        *("--systems", "dagster,celery,ceiling", "--provider-latency-ms", "20"),
+        *("--provider-batch", "1", "--celery-latency", "gevent-10"),
+        *("--bulk-runs", "1", "--concurrency", "4"),
+    )
+    assert report["events"] == 40
+    (setting,) = report["settings"]
+    for key in PER_SETTING_KEYS:
+        assert isinstance(setting[key], int | float), key
+    assert setting["provider_latency_ms"] == 20 and setting["provider_batch"] == 1
+    assert setting["x_baseline"] == pytest.approx(
+        setting["emails_per_s"] / setting["baseline_emails_per_s"]
+    )
+    # The ceiling keeps as many calls in flight as the Dagster system (1 worker x 4).
+    assert setting["dagster_in_flight"] == setting["ceiling_in_flight"] == 4
+    assert setting["systems"]["ceiling"]["in_flight"] == 4
+    for system, result in setting["systems"].items():
+        _assert_all_sent(system, result)
