@@ -85,7 +85,7 @@ class HttpProvider:
         self.async_ready = (
             transport is None and not _proxied(self.base_url) and _async_twins_match(type(self))
         )
-        self._pools: dict[tuple[str, str, int | None], OriginPool] = {}
+        self._pools: dict[tuple[asyncio.AbstractEventLoop, str, str, int | None], OriginPool] = {}
 
     # ---- what an adapter provides -----------------------------------------------------------
 
@@ -249,15 +249,18 @@ class HttpProvider:
             raise classify_exception(exc) from exc
 
     def _pool_for(self, url: httpx.URL) -> OriginPool:
-        """This origin's connections on the running loop (a new loop starts a new pool)."""
-        key = (url.scheme, url.host, url.port)
+        """This origin's connections on the running loop: a pool per loop and origin, since a
+        connection belongs to the loop that opened it (two senders may share one provider)."""
+        loop = asyncio.get_running_loop()
+        key = (loop, url.scheme, url.host, url.port)
         pool = self._pools.get(key)
-        if pool is None or pool.loop is not asyncio.get_running_loop():
+        if pool is None:
             with self._lock:
                 if self._closed:
                     raise RuntimeError(f"the {self.name} provider is closed")
-                if pool is not None:
-                    pool.close_threadsafe()
+                # Pools of loops that have ended hold nothing usable.
+                for old in [k for k, p in self._pools.items() if p.loop.is_closed()]:
+                    del self._pools[old]
                 pool = self._pools[key] = OriginPool(
                     url,
                     max_connections=self.max_connections,
