@@ -14,6 +14,7 @@ import dataclasses
 import gzip
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
@@ -246,8 +247,11 @@ class _Recorder:
     """A loopback HTTP/1.1 server that keeps each request's raw bytes and answers with
     ``answer`` (status line, headers and body as bytes), keeping connections alive."""
 
-    def __init__(self, answer: bytes) -> None:
+    def __init__(self, answer: bytes, hang_up_after_s: float | None = None) -> None:
         self.answer = answer
+        #: Close each connection this long after its first answer (a server's keep-alive
+        #: timeout), without saying so in the answer.
+        self.hang_up_after_s = hang_up_after_s
         self.requests: list[bytes] = []
         self._sock = socket.create_server(("127.0.0.1", 0))
         self.base_url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
@@ -281,6 +285,9 @@ class _Recorder:
                 self.requests.append(head + b"\r\n\r\n" + rest[:length])
                 buffer = rest[length:]
                 conn.sendall(self.answer)
+                if self.hang_up_after_s is not None:
+                    time.sleep(self.hang_up_after_s)
+                    return
 
     def close(self) -> None:
         self._sock.close()
@@ -339,3 +346,23 @@ def test_the_event_loop_path_sends_the_bytes_of_the_blocking_path(make, answer, 
     assert blocking == awaited and isinstance(awaited, Accepted)
     sync_bytes, async_bytes = server.requests
     assert async_bytes == sync_bytes
+
+
+def test_a_connection_the_server_closed_while_idle_is_not_reused():
+    server = _Recorder(_answer(b'{"id":"sbx_1"}'), hang_up_after_s=0.05)
+
+    async def two_sends(provider: SandboxProvider) -> list[Accepted]:
+        first = await provider.send_async(_email(1))
+        # The loop is kept busy while the server hangs up, as a starved process would be:
+        # the hang-up is still unread when the next send takes the connection.
+        time.sleep(0.3)
+        return [first, await provider.send_async(_email(2))]
+
+    try:
+        provider = SandboxProvider(server.base_url, batch_max=1)
+        answers = asyncio.run(two_sends(provider))
+        provider.close()
+    finally:
+        server.close()
+    assert [type(a) for a in answers] == [Accepted, Accepted]
+    assert len(server.requests) == 2

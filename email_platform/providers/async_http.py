@@ -16,6 +16,7 @@ adapters read it as before. Failures are raised as httpx's exceptions, which
 """
 
 import asyncio
+import select
 import ssl
 from collections.abc import Callable
 from typing import cast
@@ -23,8 +24,12 @@ from typing import cast
 import httptools
 import httpx
 
-#: What the event loop reads from a socket at once.
+#: What the event loop buffers for writing before it tells the protocol to wait.
 _READ_LIMIT = 64 * 1024
+#: An idle connection older than this is closed rather than reused: servers close theirs
+#: after a few seconds (uvicorn 5 s, httpx's own expiry is 5 s), and a request written as the
+#: server hangs up fails with no answer.
+KEEPALIVE_EXPIRY_S = 4.0
 
 
 class _Connection(asyncio.Protocol):
@@ -36,6 +41,8 @@ class _Connection(asyncio.Protocol):
         self.waiter: asyncio.Future[tuple[int, list[tuple[bytes, bytes]], bytes]] | None = None
         self.closed = False
         self.reusable = True
+        #: Loop time when the connection went back to the pool.
+        self.idle_since = 0.0
         self._headers: list[tuple[bytes, bytes]] = []
         self._body: list[bytes] = []
         self._started = False
@@ -109,6 +116,19 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def hung_up(self) -> bool:
+        """Whether the idle socket has something to read: the server's EOF (or bytes nobody
+        asked for) that the loop has not handled yet, e.g. after this process was starved of
+        CPU. httpcore checks the same before it reuses a connection."""
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if sock is None:
+            return False
+        try:
+            readable, _, _ = select.select([sock], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        return bool(readable)
+
     async def exchange(
         self, payload: bytes, timeout_s: float
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
@@ -165,6 +185,7 @@ class OriginPool:
             connection = self._idle_connection() or await self._connect()
             status, headers, body = await connection.exchange(payload, self.timeout_s)
             if connection.reusable and not connection.closed and not self._closed:
+                connection.idle_since = self.loop.time()
                 self._idle.append(connection)
             else:
                 self._forget(connection)
@@ -175,9 +196,11 @@ class OriginPool:
         return httpx.Response(status, headers=headers, content=body, request=request)
 
     def _idle_connection(self) -> _Connection | None:
+        now = self.loop.time()
         while self._idle:
             connection = self._idle.pop()
-            if not connection.closed:
+            expired = now - connection.idle_since > KEEPALIVE_EXPIRY_S
+            if not (connection.closed or expired or connection.hung_up()):
                 return connection
             self._forget(connection)
         return None
