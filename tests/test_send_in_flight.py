@@ -23,11 +23,15 @@ import pytest
 from botocore.credentials import Credentials
 from sqlalchemy import Engine
 
+from email_platform.errors import TransientError
 from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane, LaneConfig
 from email_platform.providers.base import Accepted, OutgoingEmail
+from email_platform.providers.http import ProviderRequest
 from email_platform.providers.mailgun import MailgunProvider
 from email_platform.providers.postmark import PostmarkProvider
+from email_platform.providers.resend import ResendProvider
 from email_platform.providers.sandbox import SandboxProvider
+from email_platform.providers.sendgrid import SendGridProvider
 from email_platform.providers.ses import SesProvider
 from email_platform.sandbox.server import SandboxConfig, SandboxServer
 from email_platform.sending.dispatch import SEND_THREADS_MAX
@@ -294,7 +298,7 @@ class _Recorder:
 
 
 def _answer(body: bytes, *, gzipped: bool = False, chunked: bool = False) -> bytes:
-    headers = [b"HTTP/1.1 200 OK", b"Content-Type: application/json"]
+    headers = [b"HTTP/1.1 200 OK", b"Content-Type: application/json", b"X-Message-Id: sg-1"]
     if gzipped:
         body = gzip.compress(body)
         headers.append(b"Content-Encoding: gzip")
@@ -329,8 +333,20 @@ def _answer(body: bytes, *, gzipped: bool = False, chunked: bool = False) -> byt
             ),
             b'{"MessageId":"ses-1"}',
         ),
+        (
+            lambda url: SandboxProvider(url, api_key="sandbox-key", batch_max=1),
+            b'{"id":"sbx_1","accepted_at":"2026-12-01T00:00:00Z"}',
+        ),
+        (
+            lambda url: SendGridProvider(url, api_key="sg-key"),
+            b"",  # 202 with X-Message-Id in a header, below
+        ),
+        (
+            lambda url: ResendProvider(url, api_key="re-key"),
+            b'{"id":"re-1"}',
+        ),
     ],
-    ids=["postmark", "mailgun", "ses"],
+    ids=["postmark", "mailgun", "ses", "sandbox", "sendgrid", "resend"],
 )
 @pytest.mark.parametrize(("gzipped", "chunked"), [(False, False), (True, True)])
 def test_the_event_loop_path_sends_the_bytes_of_the_blocking_path(make, answer, gzipped, chunked):
@@ -366,3 +382,25 @@ def test_a_connection_the_server_closed_while_idle_is_not_reused():
         server.close()
     assert [type(a) for a in answers] == [Accepted, Accepted]
     assert len(server.requests) == 2
+
+
+def test_a_line_break_in_a_header_never_reaches_the_wire_on_either_path():
+    class Broken(SandboxProvider):
+        def build_request(self, email: OutgoingEmail) -> ProviderRequest:
+            request = super().build_request(email)
+            request.headers["Idempotency-Key"] = "k\r\nX-Injected: yes"
+            return request
+
+    server = _Recorder(_answer(b'{"id":"sbx_1"}'))
+    try:
+        provider = Broken(server.base_url, batch_max=1)
+        assert provider.async_ready
+        with pytest.raises(TransientError) as blocking:
+            provider.send(_email(1))
+        with pytest.raises(TransientError) as awaited:
+            asyncio.run(provider.send_async(_email(1)))
+        provider.close()
+    finally:
+        server.close()
+    assert blocking.value.code == awaited.value.code == "network"
+    assert server.requests == []

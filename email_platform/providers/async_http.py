@@ -173,9 +173,9 @@ class OriginPool:
         self._all: set[_Connection] = set()
         self._closed = False
 
-    async def send(self, request: httpx.Request) -> httpx.Response:
-        """Send ``request`` (built by an ``httpx.Client``, auth applied) and read its answer."""
-        payload = _encode(request)
+    async def send(self, payload: bytes) -> httpx.Response:
+        """Send one request's bytes (``encode`` or ``HttpProvider``'s template) and read its
+        answer."""
         try:
             async with asyncio.timeout(self.timeout_s):
                 await self._slots.acquire()
@@ -193,7 +193,7 @@ class OriginPool:
             self._slots.release()
         # Built from the raw bytes the way the sync client builds it: ``Content-Encoding`` is
         # decoded, and the adapter's ``accepted`` / ``classify`` read it as they always did.
-        return httpx.Response(status, headers=headers, content=body, request=request)
+        return httpx.Response(status, headers=headers, content=body)
 
     def _idle_connection(self) -> _Connection | None:
         now = self.loop.time()
@@ -250,13 +250,21 @@ class OriginPool:
             self._closed = True
 
 
-def _encode(request: httpx.Request) -> bytes:
+def encode(request: httpx.Request) -> bytes:
     """The request as HTTP/1.1 bytes: its method, target, headers (Host included) and body."""
     head = [request.method.encode(), b" ", request.url.raw_path, b" HTTP/1.1\r\n"]
     for name, value in request.headers.raw:
-        head += [name, b": ", value, b"\r\n"]
+        head += [name, b": ", checked(value), b"\r\n"]
     head.append(b"\r\n")
     return b"".join(head) + request.content
+
+
+def checked(value: bytes) -> bytes:
+    """``value`` if it can be a header value; what h11 raises on the blocking path if not (a
+    line break would start a header of its own)."""
+    if b"\r" in value or b"\n" in value or b"\0" in value:
+        raise httpx.LocalProtocolError("Illegal header value")
+    return value
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -271,4 +279,4 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     return factory()
 
 
-__all__ = ["OriginPool", "new_event_loop"]
+__all__ = ["OriginPool", "checked", "encode", "new_event_loop"]

@@ -8,6 +8,7 @@ cost little. The dispatcher uses the second where ``async_ready`` says it may.
 """
 
 import asyncio
+import json
 import threading
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -18,7 +19,7 @@ import httpx
 
 from email_platform.classify import classify_exception, classify_response
 from email_platform.errors import DeliveryError, TransientError
-from email_platform.providers.async_http import OriginPool
+from email_platform.providers.async_http import OriginPool, checked, encode
 from email_platform.providers.base import Accepted, OutgoingEmail, RateLimiter, header_problem
 
 
@@ -85,6 +86,7 @@ class HttpProvider:
         self.async_ready = (
             transport is None and not _proxied(self.base_url) and _async_twins_match(type(self))
         )
+        self._templates: dict[tuple[str, str, tuple[str, ...], bool], _Template] = {}
         self._pools: dict[tuple[asyncio.AbstractEventLoop, str, str, int | None], OriginPool] = {}
 
     # ---- what an adapter provides -----------------------------------------------------------
@@ -231,22 +233,53 @@ class HttpProvider:
             self._checkin(client)
 
     async def _call_async(self, request: ProviderRequest) -> httpx.Response:
-        built = self.client.build_request(
-            request.method,
-            self._url(request.path),
-            headers=request.headers,
-            json=request.json,
-            data=request.data,
-            content=request.content,
-        )
         try:
-            auth = self.client.auth
-            if auth is not None:
-                # Basic auth and SigV4 sign in one step, without seeing an answer.
-                built = next(auth.sync_auth_flow(built))
-            return await self._pool_for(built.url).send(built)
+            wire = self._wire(request)
+            if wire is None:
+                built = self.client.build_request(
+                    request.method,
+                    self._url(request.path),
+                    headers=request.headers,
+                    json=request.json,
+                    data=request.data,
+                    content=request.content,
+                )
+                auth = self.client.auth
+                if auth is not None:
+                    # Basic auth and SigV4 sign in one step, without seeing an answer.
+                    built = next(auth.sync_auth_flow(built))
+                wire = built.url, encode(built)
+            url, payload = wire
+            return await self._pool_for(url).send(payload)
         except httpx.HTTPError as exc:
             raise classify_exception(exc) from exc
+
+    def _wire(self, request: ProviderRequest) -> tuple[httpx.URL, bytes] | None:
+        """``request``'s URL and bytes, without building an ``httpx.Request`` (which cost more
+        than the rest of a call): the headers come from a template httpx built once for this
+        method, path and header names, so their names, order and values are what httpx sends;
+        a JSON body is encoded as httpx encodes it. None where httpx must build the request:
+        an auth flow, form data, cookies, or a header value that is not ASCII."""
+        if request.data is not None or self.client.auth is not None or self.client.cookies:
+            return None
+        if request.content is not None and not request.content:
+            return None  # an empty body's Content-Length is placed by rules of its own
+        key = (request.method, request.path, tuple(request.headers), request.json is not None)
+        template = self._templates.get(key)
+        if template is None:
+            template = _Template.of(self.client, request, self._url(request.path))
+            if len(self._templates) < 64:
+                self._templates[key] = template
+        if request.json is not None:
+            body = json.dumps(
+                request.json, ensure_ascii=False, separators=(",", ":"), allow_nan=False
+            ).encode()
+        else:
+            body = request.content or b""
+        try:
+            return template.url, template.fill(request.headers, body)
+        except UnicodeEncodeError:
+            return None
 
     def _pool_for(self, url: httpx.URL) -> OriginPool:
         """This origin's connections on the running loop: a pool per loop and origin, since a
@@ -320,6 +353,56 @@ class HttpProvider:
             pool.close_threadsafe()
         for client in clients:
             client.close()
+
+
+class _Template:
+    """The request line and headers of one kind of request, as httpx builds them, with the
+    places of the values that change from request to request: the request's own headers and
+    the body's length."""
+
+    _OWN, _LENGTH = 1, 2
+
+    def __init__(self, url: httpx.URL, start: bytes, parts: list[tuple[int, bytes, str]]) -> None:
+        self.url = url
+        self.start = start
+        #: (0, the whole line, "") | (_OWN, the name, the request header's key) | (_LENGTH, ...)
+        self.parts = parts
+
+    @classmethod
+    def of(cls, client: httpx.Client, request: ProviderRequest, url: httpx.URL) -> "_Template":
+        marks = {name: f"x-template-{i}" for i, name in enumerate(request.headers)}
+        probe = client.build_request(
+            request.method,
+            url,
+            headers=marks,
+            json={} if request.json is not None else None,
+            # Non-empty: an empty body gets its Content-Length elsewhere in the order.
+            content=b"-" if request.json is None and request.content else None,
+        )
+        owner = {mark.encode(): name for name, mark in marks.items()}
+        has_body = request.json is not None or bool(request.content)
+        parts: list[tuple[int, bytes, str]] = []
+        for name, value in probe.headers.raw:
+            if value in owner:
+                parts.append((cls._OWN, name, owner[value]))
+            elif name.lower() == b"content-length" and has_body:
+                parts.append((cls._LENGTH, name, ""))
+            else:
+                parts.append((0, name + b": " + checked(value) + b"\r\n", ""))
+        start = probe.method.encode() + b" " + probe.url.raw_path + b" HTTP/1.1\r\n"
+        return cls(probe.url, start, parts)
+
+    def fill(self, headers: dict[str, str], body: bytes) -> bytes:
+        lines = [self.start]
+        for kind, value, key in self.parts:
+            if kind == self._OWN:
+                lines += [value, b": ", checked(headers[key].encode("ascii")), b"\r\n"]
+            elif kind == self._LENGTH:
+                lines += [value, b": ", str(len(body)).encode(), b"\r\n"]
+            else:
+                lines.append(value)
+        lines += [b"\r\n", body]
+        return b"".join(lines)
 
 
 async def _wait(delay_s: float) -> None:
