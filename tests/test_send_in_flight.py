@@ -25,6 +25,7 @@ from sqlalchemy import Engine
 
 from email_platform.errors import TransientError
 from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane, LaneConfig
+from email_platform.providers.async_http import HANG_UP_CHECK_AFTER_S
 from email_platform.providers.base import Accepted, OutgoingEmail
 from email_platform.providers.http import ProviderRequest
 from email_platform.providers.mailgun import MailgunProvider
@@ -371,7 +372,7 @@ def test_a_connection_the_server_closed_while_idle_is_not_reused():
         first = await provider.send_async(_email(1))
         # The loop is kept busy while the server hangs up, as a starved process would be:
         # the hang-up is still unread when the next send takes the connection.
-        time.sleep(0.3)
+        time.sleep(HANG_UP_CHECK_AFTER_S + 0.2)
         return [first, await provider.send_async(_email(2))]
 
     try:

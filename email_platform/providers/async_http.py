@@ -30,6 +30,10 @@ _READ_LIMIT = 64 * 1024
 #: after a few seconds (uvicorn 5 s, httpx's own expiry is 5 s), and a request written as the
 #: server hangs up fails with no answer.
 KEEPALIVE_EXPIRY_S = 4.0
+#: A connection idle this long is checked for a hang-up its loop has not handled yet before it
+#: is reused (one ``select`` call: too dear for every request, and a server hardly closes a
+#: connection within a second of answering on it without saying so).
+HANG_UP_CHECK_AFTER_S = 1.0
 
 
 class _Connection(asyncio.Protocol):
@@ -199,8 +203,11 @@ class OriginPool:
         now = self.loop.time()
         while self._idle:
             connection = self._idle.pop()
-            expired = now - connection.idle_since > KEEPALIVE_EXPIRY_S
-            if not (connection.closed or expired or connection.hung_up()):
+            idle_s = now - connection.idle_since
+            if connection.closed or idle_s > KEEPALIVE_EXPIRY_S:
+                self._forget(connection)
+                continue
+            if idle_s < HANG_UP_CHECK_AFTER_S or not connection.hung_up():
                 return connection
             self._forget(connection)
         return None
