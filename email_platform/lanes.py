@@ -76,7 +76,9 @@ DEFAULT_LANE_CONFIGS: dict[Lane, LaneConfig] = {
         request_timeout_s=180,
         max_runs_per_tick=4,
         run_priority=10,
-        worker_poll_s=0.2,
+        # Half of what a password reset may wait is this poll: 0.1 s keeps the lane's p99 under
+        # 0.5 s with a provider answering in 100 ms, for ten indexed reads a second.
+        worker_poll_s=0.1,
         worker_idle_s=600,
         # One worker always polling: a password reset waits for no sensor tick and no run start.
         warm_workers=1,
