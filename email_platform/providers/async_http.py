@@ -9,10 +9,11 @@ with it) reading the answers.
 
 It speaks only what the adapters need: one request at a time per connection, bodies with a
 length (chunked and read-to-close answers are read too), TLS through the adapter's SSL context.
-The request itself is built by the adapter's ``httpx.Client`` (``HttpProvider.build``), so its
-bytes are those the sync path sends, and the answer comes back as an ``httpx.Response``, so the
-adapters read it as before. Failures are raised as httpx's exceptions, which
-``classify_exception`` and the failover's "definitely not accepted" test already know.
+The request's bytes are those httpx sends on the blocking path (``HttpProvider._wire`` fills a
+template httpx built once, or ``encode`` writes out an ``httpx.Request``), and the answer comes
+back as an ``httpx.Response``, so the adapters read it as before. Failures are raised as
+httpx's exceptions, which ``classify_exception`` and the failover's "definitely not accepted"
+test already know.
 """
 
 import asyncio
@@ -25,7 +26,7 @@ import httptools
 import httpx
 
 #: What the event loop buffers for writing before it tells the protocol to wait.
-_READ_LIMIT = 64 * 1024
+_WRITE_BUFFER_HIGH = 64 * 1024
 #: An idle connection older than this is closed rather than reused: servers close theirs
 #: after a few seconds (uvicorn 5 s, httpx's own expiry is 5 s), and a request written as the
 #: server hangs up fails with no answer.
@@ -230,7 +231,7 @@ class OriginPool:
             # ``ConnectError`` with the OS error as its cause: a definite refusal to the failover.
             raise httpx.ConnectError(f"{type(exc).__name__}: {exc}") from exc
         assert connection.transport is not None
-        connection.transport.set_write_buffer_limits(high=_READ_LIMIT)
+        connection.transport.set_write_buffer_limits(high=_WRITE_BUFFER_HIGH)
         self._all.add(connection)
         return connection
 
