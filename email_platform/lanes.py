@@ -60,6 +60,10 @@ class LaneConfig:
     #: How old the lane's oldest due event may get before the lane counts as late: what alerts
     #: and the latency test hold the lane to.
     target_s: float = 300.0
+    #: Added to the niceness of the lane's worker processes (0 to 19): a bulk worker that keeps
+    #: hundreds of calls in flight can use every core, and the critical lane must still get
+    #: one at once. The scheduler still gives a nicer worker all CPU nobody else wants.
+    nice: int = 0
 
 
 DEFAULT_LANE_CONFIGS: dict[Lane, LaneConfig] = {
@@ -116,6 +120,7 @@ DEFAULT_LANE_CONFIGS: dict[Lane, LaneConfig] = {
         worker_poll_s=1.0,
         worker_idle_s=60,
         target_s=3600.0,
+        nice=5,
     ),
 }
 

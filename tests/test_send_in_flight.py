@@ -13,6 +13,8 @@ import asyncio
 import dataclasses
 import gzip
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,7 +25,7 @@ import pytest
 from botocore.credentials import Credentials
 from sqlalchemy import Engine
 
-from email_platform.errors import TransientError
+from email_platform.errors import ConfigurationError, TransientError
 from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane, LaneConfig
 from email_platform.providers.async_http import HANG_UP_CHECK_AFTER_S
 from email_platform.providers.base import Accepted, OutgoingEmail
@@ -34,6 +36,7 @@ from email_platform.providers.resend import ResendProvider
 from email_platform.providers.sandbox import SandboxProvider
 from email_platform.providers.sendgrid import SendGridProvider
 from email_platform.providers.ses import SesProvider
+from email_platform.resources import LanePolicy
 from email_platform.sandbox.server import SandboxConfig, SandboxServer
 from email_platform.sending.dispatch import SEND_THREADS_MAX
 from email_platform.sending.worker import LaneWorker
@@ -405,3 +408,33 @@ def test_a_line_break_in_a_header_never_reaches_the_wire_on_either_path():
         server.close()
     assert blocking.value.code == awaited.value.code == "network"
     assert server.requests == []
+
+
+# ---- the bulk lane yields the CPU to the critical lane -----------------------------------------
+
+_NICENESS_AFTER = (
+    "import os; from email_platform.ops.lane_worker import lower_priority; "
+    "before = os.nice(0); lower_priority({nice}); print(os.nice(0) - before)"
+)
+
+
+@pytest.mark.parametrize(("executor", "expected"), [("", 5), ("celery", 0)])
+def test_a_lane_worker_step_process_is_made_nicer_unless_a_celery_worker_runs_it(
+    executor, expected, monkeypatch
+):
+    # In a child process: niceness cannot be taken back.
+    monkeypatch.setenv("EMAIL_PLATFORM_EXECUTOR", executor)
+    done = subprocess.run(
+        [sys.executable, "-c", _NICENESS_AFTER.format(nice=5)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert int(done.stdout) == expected
+
+
+def test_the_bulk_lane_is_nicer_by_default_and_niceness_is_checked():
+    assert LanePolicy().config_for("bulk").nice > 0
+    assert LanePolicy().config_for("critical").nice == 0
+    with pytest.raises(ConfigurationError, match="nice must be 0 to 19"):
+        LanePolicy(overrides_json='{"bulk": {"nice": 25}}').config_for("bulk")
