@@ -22,7 +22,8 @@ class LaneConfig:
     lane: Lane
     #: Most events one run carries.
     batch_size: int
-    #: Provider requests in flight at once inside one run.
+    #: Provider requests in flight at once inside one run (tasks on one event loop for the HTTP
+    #: adapters; for SMTP or a provider behind the circuit breaker, threads, at most 64).
     concurrency: int
     #: How often the lane's sensor looks at the outbox (the daemon loop is ~5 s anyway).
     interval_s: int
@@ -59,13 +60,18 @@ class LaneConfig:
     #: How old the lane's oldest due event may get before the lane counts as late: what alerts
     #: and the latency test hold the lane to.
     target_s: float = 300.0
+    #: Added to the niceness of the lane's worker processes (0 to 19): a bulk worker that keeps
+    #: hundreds of calls in flight can use every core, and the critical lane must still get
+    #: one at once. The scheduler still gives a nicer worker all CPU nobody else wants.
+    nice: int = 0
 
 
 DEFAULT_LANE_CONFIGS: dict[Lane, LaneConfig] = {
     Lane.CRITICAL: LaneConfig(
         lane=Lane.CRITICAL,
         batch_size=25,
-        concurrency=10,
+        # A whole batch in flight at once: one provider round trip, not three, per batch.
+        concurrency=25,
         interval_s=5,
         max_retries=5,
         retry_delay_s=1.0,
@@ -74,7 +80,9 @@ DEFAULT_LANE_CONFIGS: dict[Lane, LaneConfig] = {
         request_timeout_s=180,
         max_runs_per_tick=4,
         run_priority=10,
-        worker_poll_s=0.2,
+        # Half of what a password reset may wait is this poll: 0.1 s keeps the lane's p99 under
+        # 0.5 s with a provider answering in 100 ms, for ten indexed reads a second.
+        worker_poll_s=0.1,
         worker_idle_s=600,
         # One worker always polling: a password reset waits for no sensor tick and no run start.
         warm_workers=1,
@@ -83,7 +91,7 @@ DEFAULT_LANE_CONFIGS: dict[Lane, LaneConfig] = {
     Lane.TRANSACTIONAL: LaneConfig(
         lane=Lane.TRANSACTIONAL,
         batch_size=100,
-        concurrency=10,
+        concurrency=100,
         interval_s=5,
         max_retries=4,
         retry_delay_s=2.0,
@@ -95,8 +103,10 @@ DEFAULT_LANE_CONFIGS: dict[Lane, LaneConfig] = {
     ),
     Lane.BULK: LaneConfig(
         lane=Lane.BULK,
-        batch_size=500,
-        concurrency=20,
+        batch_size=1000,
+        # With a provider answering in 100 ms and one message a call, calls in flight set the
+        # speed (256 / 0.1 s); on the event-loop path each costs a connection and a task.
+        concurrency=256,
         # Lane workers make a tick cheap (it only checks that a worker runs), and a backlog
         # should not wait 15 s for its first worker.
         interval_s=5,
@@ -110,6 +120,7 @@ DEFAULT_LANE_CONFIGS: dict[Lane, LaneConfig] = {
         worker_poll_s=1.0,
         worker_idle_s=60,
         target_s=3600.0,
+        nice=5,
     ),
 }
 

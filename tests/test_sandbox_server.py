@@ -106,6 +106,7 @@ def test_accept_records_message_and_filters_by_event(client: httpx.Client) -> No
     assert stats(client) == {
         "requests": 2,
         "batch_requests": 0,
+        "peak_in_flight": 1,
         "send_attempts": 2,
         "accepted": 2,
         "repeated_keys": 0,

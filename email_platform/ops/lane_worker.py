@@ -1,5 +1,7 @@
 """The lane-worker op: a resident run that sends its lane's events as they come due."""
 
+import contextlib
+import os
 import signal
 import threading
 import time
@@ -18,7 +20,7 @@ from dagster import (
 from sqlalchemy import Engine, Row
 from sqlalchemy.exc import SQLAlchemyError
 
-from email_platform import logs
+from email_platform import config, logs
 from email_platform.lanes import LANES, STOP_TAG, LaneConfig, outbox_sensor_name
 from email_platform.ops.reporting import WorkerReporter
 from email_platform.ops.retry import STEP_RETRY_POLICY
@@ -157,6 +159,17 @@ def stopped_lane_sensors(
     }
 
 
+def lower_priority(nice: int) -> None:
+    """Make this step process ``nice`` nicer (the lane's ``nice``), where the step has a process
+    of its own (the multiprocess executor). Not on a Celery worker: its process goes on to run
+    other steps, a critical worker's among them, and niceness cannot be taken back. Where the
+    OS refuses, the worker runs as it is."""
+    if nice <= 0 or not hasattr(os, "nice") or config.executor_settings().kind == "celery":
+        return
+    with contextlib.suppress(OSError):
+        os.nice(nice)
+
+
 @op(
     retry_policy=STEP_RETRY_POLICY,
     tags={"kind": "email"},
@@ -185,6 +198,7 @@ def run_lane_worker(
     if run.parent_run_id is not None:
         return _replay_dead_letters(context, lane, app_database, email_provider, routing)
 
+    lower_priority(lane.nice)
     log = logs.bind(context.log, lane=lane.lane.value, run_id=context.run_id)
     provider, mirror = open_provider(context, email_provider, engine, lane, log)
     cancel = threading.Event()

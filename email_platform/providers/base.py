@@ -102,6 +102,22 @@ class BatchingProvider(Protocol):
 
 
 @runtime_checkable
+class AsyncProvider(Protocol):
+    """A provider that can also send from an event loop, where hundreds of calls in flight cost
+    little (the HTTP adapters). ``async_ready`` False: use the blocking methods (a proxy or a
+    test's mock transport is in the way). ``send_many_async`` is there when ``batch_max`` > 1.
+    """
+
+    async_ready: bool
+
+    async def send_async(self, email: OutgoingEmail) -> Accepted: ...
+
+    async def send_many_async(
+        self, emails: Sequence[OutgoingEmail]
+    ) -> list[Accepted | DeliveryError]: ...
+
+
+@runtime_checkable
 class HistoryAwareProvider(Protocol):
     """A provider that wants each message's history before it is sent (a failover: it may
     move a message to its secondary only if no earlier attempt may have been accepted)."""
@@ -121,15 +137,20 @@ class RateLimiter:
 
     def acquire(self, count: int = 1) -> None:
         """Wait for ``count`` messages' worth of tokens (a batch call takes one per message)."""
+        delay = self.reserve(count)
+        if delay > 0:
+            time.sleep(delay)
+
+    def reserve(self, count: int = 1) -> float:
+        """Take ``count`` tokens; the seconds to wait before using them (an event loop awaits
+        them instead of blocking in ``acquire``)."""
         if self.per_second <= 0:
-            return
+            return 0.0
         with self._lock:
             now = time.monotonic()
             slot = max(self._next_slot, now)
             self._next_slot = slot + count / self.per_second
-        delay = slot - now
-        if delay > 0:
-            time.sleep(delay)
+        return slot - now
 
 
 def header_problem(email: OutgoingEmail) -> PermanentError | None:

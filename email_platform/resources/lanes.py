@@ -34,6 +34,10 @@ class LanePolicy(ConfigurableResource):
                 f"lane override for {parsed.value}: lease_s must be positive, "
                 f"got {lane_config.lease_s}"
             )
+        if not 0 <= lane_config.nice <= 19:
+            raise ConfigurationError(
+                f"lane override for {parsed.value}: nice must be 0 to 19, got {lane_config.nice}"
+            )
         if not 0 <= lane_config.warm_workers <= lane_config.workers:
             raise ConfigurationError(
                 f"lane override for {parsed.value}: warm_workers must be 0 to workers "

@@ -187,8 +187,14 @@ def create_app(config: SandboxConfig) -> Starlette:
         with state.lock:
             state.requests += 1
             state.batch_requests += batch
-        if latency_s:
-            await asyncio.sleep(latency_s)
+            state.in_flight += 1
+            state.peak_in_flight = max(state.peak_in_flight, state.in_flight)
+        try:
+            if latency_s:
+                await asyncio.sleep(latency_s)
+        finally:
+            with state.lock:
+                state.in_flight -= 1
         if expected_auth is not None:
             given = request.headers.get("authorization", "").encode()
             if not hmac.compare_digest(given, expected_auth):

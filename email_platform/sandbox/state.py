@@ -66,6 +66,10 @@ class SandboxState:
             self.rules: list[FaultRule] = []
             self.requests = 0
             self.batch_requests = 0
+            #: Send requests inside their latency wait now, and the most there were at once:
+            #: how many calls a client really kept in flight.
+            self.in_flight = 0
+            self.peak_in_flight = 0
             #: Messages offered for sending, alone or in a batch, replays of a key included.
             self.send_attempts = 0
             self.repeated_keys = 0
@@ -169,6 +173,7 @@ class SandboxState:
             return {
                 "requests": self.requests,
                 "batch_requests": self.batch_requests,
+                "peak_in_flight": self.peak_in_flight,
                 "send_attempts": self.send_attempts,
                 "accepted": len(self.messages),
                 "repeated_keys": self.repeated_keys,

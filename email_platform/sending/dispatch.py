@@ -1,20 +1,31 @@
-"""Sending a batch's messages from the lane's threads: provider calls, no database.
+"""Sending a batch's messages: provider calls, no database.
 
-The send threads pull messages from one queue and push what the provider answered onto
-another; the caller's thread takes those answers in groups and hands each group to ``record``
+Senders pull messages from one queue and push what the provider answered onto another; the
+caller's thread takes those answers in groups and hands each group to ``record``
 (``record.Recorder.record_group``), so outcomes are committed as they arrive while sends go on.
+
+A provider that can send from an event loop (``AsyncProvider``: the HTTP adapters) gets up to
+``concurrency`` tasks on one loop thread, kept from batch to batch; any other (SMTP, a provider
+behind the circuit breaker) gets threads, at most ``SEND_THREADS_MAX`` of them.
 """
 
+import asyncio
+import contextlib
 import threading
-from collections.abc import Callable, Sequence
+import weakref
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent import futures
 from queue import Empty, SimpleQueue
+from typing import Any, cast
 
 from email_platform import tracing
 from email_platform.classify import classify_exception, is_transient
 from email_platform.errors import ConfigurationError, TransientError
+from email_platform.providers.async_http import new_event_loop
 from email_platform.providers.base import (
     Accepted,
+    AsyncProvider,
     BatchingProvider,
     EmailProvider,
     History,
@@ -28,6 +39,10 @@ from email_platform.timeutil import utcnow
 # each transaction costs three statements and a commit whatever its size: a lane worker drained
 # 20k events at 3,014 emails/s with groups of up to 1,000 against 2,803 with 200 (median of 2).
 RECORD_GROUP_MAX = 1000
+
+#: Most send threads for a provider without an event-loop path. Each thread waiting on an
+#: answer costs GIL hand-offs when it wakes: past a few dozen they cost more CPU than they add.
+SEND_THREADS_MAX = 64
 
 
 def _next_group(done: SimpleQueue[Sent | None], running: int) -> tuple[list[Sent], int]:
@@ -82,13 +97,14 @@ def _drain(group: list[Sent], done: SimpleQueue[Sent | None]) -> list[Sent]:
 
 
 class Dispatcher:
-    """The lane's send threads, kept from batch to batch, and the provider calls they make."""
+    """The lane's senders, kept from batch to batch, and the provider calls they make."""
 
     def __init__(self, concurrency: int, cancel: threading.Event) -> None:
         self.concurrency = max(1, concurrency)
         #: Set when the run is asked to stop: no new provider call starts.
         self.cancel = cancel
         self._threads: futures.ThreadPoolExecutor | None = None
+        self._loop: _LoopThread | None = None
 
     def send_all(
         self,
@@ -97,15 +113,16 @@ class Dispatcher:
         record: Callable[[list[Sent]], ConfigurationError | None],
         salvage: Callable[[list[Sent]], None],
     ) -> None:
-        """Send ``work`` from ``concurrency`` threads; ``record`` each group of answers.
+        """Send ``work`` with up to ``concurrency`` calls in flight; ``record`` each group of
+        answers.
 
-        The workers pull from one queue and push what happened onto another, so this thread
+        The senders pull from one queue and push what happened onto another, so this thread
         waits on a single queue instead of polling every future of the batch (which cost O(n)
         per completion). A configuration error stops further sends: what is already in flight
         is recorded, then the error is raised. Interrupted (the run was terminated) or failed
-        mid-group, the answers already in hand go to ``salvage`` before giving up, so a
-        released event is not sent again for nothing (twice, with a provider that ignores
-        idempotency keys).
+        mid-group, the calls in flight are seen through and the answers in hand go to
+        ``salvage`` before giving up, so a released event is not sent again for nothing
+        (twice, with a provider that ignores idempotency keys).
         """
         if not work:
             return
@@ -119,25 +136,34 @@ class Dispatcher:
                     for item in work
                 }
             )
-        todo: SimpleQueue[Work | None] = SimpleQueue()
         done: SimpleQueue[Sent | None] = SimpleQueue()
         stop = threading.Event()
         # Where the provider takes several messages a call, each call carries up to its limit,
         # but never so many that fewer calls than the lane's concurrency are left in flight.
         per_call = max(1, min(_batch_max(provider), -(-len(work) // self.concurrency)))
         workers = min(self.concurrency, -(-len(work) // per_call))
-        for item in work:
-            todo.put(item)
-        for _ in range(workers):
-            todo.put(None)
-        # Looked up once per batch: with tracing off, the send threads skip span work entirely.
+        # Looked up once per batch: with tracing off, the senders skip span work entirely.
         traced = tracing.active()
-        senders = [
-            self._send_threads().submit(
-                self._send_worker, provider, todo, done, stop, per_call, traced
-            )
-            for _ in range(workers)
-        ]
+        senders: list[futures.Future[Any]]
+        if _awaits(provider):
+            senders = [
+                self._event_loop().submit(
+                    self._send_tasks(provider, deque(work), done, stop, per_call, traced, workers)
+                )
+            ]
+        else:
+            workers = min(workers, SEND_THREADS_MAX)
+            todo: SimpleQueue[Work | None] = SimpleQueue()
+            for item in work:
+                todo.put(item)
+            for _ in range(workers):
+                todo.put(None)
+            senders = [
+                self._send_threads().submit(
+                    self._send_worker, provider, todo, done, stop, per_call, traced
+                )
+                for _ in range(workers)
+            ]
         configuration_error: ConfigurationError | None = None
         group: list[Sent] = []
         finished = False
@@ -168,8 +194,17 @@ class Dispatcher:
         ones. Idle threads end when the sender is garbage-collected.
         """
         if self._threads is None:
-            self._threads = futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix="send")
+            self._threads = futures.ThreadPoolExecutor(
+                min(self.concurrency, SEND_THREADS_MAX), thread_name_prefix="send"
+            )
         return self._threads
+
+    def _event_loop(self) -> "_LoopThread":
+        """The send loop's thread, kept from batch to batch; it ends with the dispatcher."""
+        if self._loop is None:
+            self._loop = _LoopThread()
+            weakref.finalize(self, self._loop.stop)
+        return self._loop
 
     def _send_worker(
         self,
@@ -191,12 +226,77 @@ class Dispatcher:
                     results = _traced_call(provider, items, per_call)
                 else:
                     results = _call(provider, items, per_call)
-                for item, result in zip(items, results, strict=True):
-                    if isinstance(result, ConfigurationError):
-                        stop.set()  # every further send would fail the same way
-                    done.put(Sent(item, started, result))
+                _answered(items, started, results, done, stop)
         finally:
             done.put(None)  # this worker is finished
+
+    async def _send_tasks(
+        self,
+        provider: EmailProvider,
+        todo: deque[Work],
+        done: SimpleQueue[Sent | None],
+        stop: threading.Event,
+        per_call: int,
+        traced: bool,
+        tasks: int,
+    ) -> None:
+        """``tasks`` senders on the loop, each making one call at a time until ``todo`` is
+        empty or the batch is stopped; as ``_send_worker``, each says when it is finished."""
+
+        async def sender() -> None:
+            try:
+                while todo and not stop.is_set() and not self.cancel.is_set():
+                    items = [todo.popleft() for _ in range(min(per_call, len(todo)))]
+                    started = utcnow()
+                    if traced:
+                        results = await _traced_call_async(provider, items, per_call)
+                    else:
+                        results = await _call_async(provider, items, per_call)
+                    _answered(items, started, results, done, stop)
+            finally:
+                done.put(None)
+
+        await asyncio.gather(*(sender() for _ in range(tasks)))
+
+
+class _LoopThread:
+    """An event loop running on a daemon thread of its own."""
+
+    def __init__(self) -> None:
+        self.loop = new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="send-loop", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.close()
+
+    def submit(self, coroutine: Awaitable[Any]) -> "futures.Future[Any]":
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        with contextlib.suppress(RuntimeError):  # already closed
+            self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def _awaits(provider: EmailProvider) -> bool:
+    return isinstance(provider, AsyncProvider) and bool(provider.async_ready)
+
+
+def _answered(
+    items: list[Work],
+    started: Any,
+    results: Sequence[Result],
+    done: SimpleQueue[Sent | None],
+    stop: threading.Event,
+) -> None:
+    for item, result in zip(items, results, strict=True):
+        if isinstance(result, ConfigurationError):
+            stop.set()  # every further send would fail the same way
+        done.put(Sent(item, started, result))
 
 
 def _call(provider: EmailProvider, items: list[Work], per_call: int) -> Sequence[Result]:
@@ -205,10 +305,49 @@ def _call(provider: EmailProvider, items: list[Work], per_call: int) -> Sequence
     return attempt_many(provider, [item.email for item in items])
 
 
+async def _call_async(
+    provider: EmailProvider, items: list[Work], per_call: int
+) -> Sequence[Result]:
+    if per_call == 1:
+        return [await attempt_async(provider, items[0].email)]
+    return await attempt_many_async(provider, [item.email for item in items])
+
+
 def _traced_call(provider: EmailProvider, items: list[Work], per_call: int) -> Sequence[Result]:
     """``_call`` inside one ``email_platform.send`` span per message (kind CLIENT), each
     continuing its own event's trace: one batch call carries messages of many traces."""
-    spans = [
+    spans = _open_spans(provider, items)
+    # A single send's span is current during the call, so an instrumented HTTP client's spans
+    # nest under it; a batch call's belongs to no one message.
+    try:
+        with tracing.use(spans[0] if len(spans) == 1 else None):
+            results = _call(provider, items, per_call)
+    except BaseException as exc:  # interrupted: the spans end, the error goes on
+        for span in spans:
+            tracing.end_span(span, error=type(exc).__name__)
+        raise
+    _end_spans(spans, results)
+    return results
+
+
+async def _traced_call_async(
+    provider: EmailProvider, items: list[Work], per_call: int
+) -> Sequence[Result]:
+    """``_traced_call`` on the event loop (each task keeps its own current span)."""
+    spans = _open_spans(provider, items)
+    try:
+        with tracing.use(spans[0] if len(spans) == 1 else None):
+            results = await _call_async(provider, items, per_call)
+    except BaseException as exc:
+        for span in spans:
+            tracing.end_span(span, error=type(exc).__name__)
+        raise
+    _end_spans(spans, results)
+    return results
+
+
+def _open_spans(provider: EmailProvider, items: list[Work]) -> list[Any]:
+    return [
         tracing.open_span(
             "email_platform.send",
             context_carrier=item.trace_parent,
@@ -224,15 +363,9 @@ def _traced_call(provider: EmailProvider, items: list[Work], per_call: int) -> S
         )
         for item in items
     ]
-    # A single send's span is current during the call, so an instrumented HTTP client's spans
-    # nest under it; a batch call's belongs to no one message.
-    try:
-        with tracing.use(spans[0] if len(spans) == 1 else None):
-            results = _call(provider, items, per_call)
-    except BaseException as exc:  # interrupted: the spans end, the error goes on
-        for span in spans:
-            tracing.end_span(span, error=type(exc).__name__)
-        raise
+
+
+def _end_spans(spans: list[Any], results: Sequence[Result]) -> None:
     for span, result in zip(spans, results, strict=True):
         if isinstance(result, Accepted):
             tracing.end_span(
@@ -255,7 +388,6 @@ def _traced_call(provider: EmailProvider, items: list[Work], per_call: int) -> S
                     "http.response.status_code": getattr(result, "status_code", None),
                 },
             )
-    return results
 
 
 def _batch_max(provider: EmailProvider) -> int:
@@ -292,6 +424,40 @@ def attempt_many(provider: EmailProvider, emails: list[OutgoingEmail]) -> Sequen
         if is_transient(error) or len(emails) == 1:
             return [error] * len(emails)
         return [one for email in emails for one in attempt_many(provider, [email])]
+    if len(results) != len(emails):
+        error = TransientError(
+            f"{len(results)} answers to {len(emails)} messages", code="unreadable_response"
+        )
+        return [error] * len(emails)
+    return results
+
+
+async def attempt_async(provider: EmailProvider, email: OutgoingEmail) -> Result:
+    """``attempt`` on the event loop (``provider`` passed ``_awaits``)."""
+    try:
+        return await cast(AsyncProvider, provider).send_async(email)
+    except ConfigurationError as error:
+        return error
+    except Exception as exc:  # as in ``attempt``
+        return classify_exception(exc)
+
+
+async def attempt_many_async(
+    provider: EmailProvider, emails: list[OutgoingEmail]
+) -> Sequence[Result]:
+    """``attempt_many`` on the event loop: a call that fails for another reason than the
+    network is split into one call per message, so only the message at fault fails."""
+    try:
+        # No isinstance check per call: a runtime Protocol check costs more than the call's
+        # own bookkeeping; ``_awaits`` checked once per batch.
+        results = await cast(AsyncProvider, provider).send_many_async(emails)
+    except ConfigurationError as error:
+        return [error] * len(emails)
+    except Exception as exc:
+        error = classify_exception(exc)
+        if is_transient(error) or len(emails) == 1:
+            return [error] * len(emails)
+        return [one for email in emails for one in await attempt_many_async(provider, [email])]
     if len(results) != len(emails):
         error = TransientError(
             f"{len(results)} answers to {len(emails)} messages", code="unreadable_response"

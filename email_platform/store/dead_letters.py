@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import Connection, Row, and_, case, delete, func, insert, select, update
 
 from email_platform.db.schema import dead_letters, email_messages, email_outbox
-from email_platform.store.bulk import rows_in
+from email_platform.store.bulk import one_of, rows_in
 
 OPEN, REPLAYED, DISCARDED, EXPIRED, SUPPRESSED = (
     "open",
@@ -75,7 +75,10 @@ def resolve_for_messages(
     if message_ids:
         connection.execute(
             update(dead_letters)
-            .where(dead_letters.c.message_id.in_(list(message_ids)), dead_letters.c.status == OPEN)
+            .where(
+                one_of(connection, dead_letters.c.message_id, message_ids),
+                dead_letters.c.status == OPEN,
+            )
             .values(status=status, resolved_at=now, resolved_by_run_id=run_id)
         )
 
@@ -92,7 +95,7 @@ def resolve_for_events(
     if not event_ids:
         return
     query = update(dead_letters).where(
-        dead_letters.c.event_id.in_(list(event_ids)), dead_letters.c.status == OPEN
+        one_of(connection, dead_letters.c.event_id, event_ids), dead_letters.c.status == OPEN
     )
     if only_without_message:
         query = query.where(dead_letters.c.message_id.is_(None))

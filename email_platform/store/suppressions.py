@@ -15,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 
 from email_platform.db.schema import suppressions
 from email_platform.store import privacy_keys
+from email_platform.store.bulk import one_of
 
 HARD_BOUNCE, COMPLAINT, UNSUBSCRIBE, MANUAL = "hard_bounce", "complaint", "unsubscribe", "manual"
 #: The reason of every hashed row: an erased person gets no mail at all, password resets too.
@@ -104,7 +105,7 @@ def reasons_for(connection: Connection, addresses: Iterable[str]) -> dict[str, s
     for start in range(0, len(lookup), 500):
         rows = connection.execute(
             select(suppressions.c.address, suppressions.c.reason).where(
-                suppressions.c.address.in_(lookup[start : start + 500])
+                one_of(connection, suppressions.c.address, lookup[start : start + 500])
             )
         ).all()
         for row_key, reason in rows:
