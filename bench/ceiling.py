@@ -156,9 +156,8 @@ def run(
                     rows.append(message_row(event, route, email, accepted.provider_message_id))
                 return rows
 
-            # The same split as the real path: up to the provider's limit a call, but no fewer
-            # calls than the thread pool can keep in flight.
-            per_call = max(1, min(provider.batch_max, -(-len(work) // in_flight)))
+            # The same split as the real path: calls of up to the provider's limit.
+            per_call = provider.batch_max
             chunks = [work[i : i + per_call] for i in range(0, len(work), per_call)]
             rows = [row for chunk_rows in pool.map(send, chunks) for row in chunk_rows]
             with engine.begin() as connection:

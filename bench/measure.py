@@ -40,6 +40,7 @@ class ProcessSampler:
         self.cpu: dict[tuple[int, float], float] = {}
         self.rss: dict[tuple[int, float], int] = {}
         self.kind: dict[tuple[int, float], str] = {}
+        self.marked: dict[tuple[int, float], float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -78,16 +79,28 @@ class ProcessSampler:
                 self.cpu[key] = times.user + times.system
                 self.rss[key] = max(self.rss.get(key, 0), rss)
 
+    def mark(self) -> None:
+        """Start the sending window: ``window_cpu_s`` counts CPU from here on."""
+        self._sample()
+        self.marked = dict(self.cpu)
+
     @property
     def cpu_s(self) -> float:
+        """CPU since each process started: start-up and idle waiting included."""
         return sum(self.cpu.values())
 
-    def cpu_s_by_kind(self) -> dict[str, float]:
+    @property
+    def window_cpu_s(self) -> float:
+        """CPU since ``mark``: what sending cost, a process started meanwhile counted whole."""
+        return sum(cpu - self.marked.get(key, 0.0) for key, cpu in self.cpu.items())
+
+    def cpu_s_by_kind(self, window: bool = False) -> dict[str, float]:
         """CPU seconds per kind of process: where a system's CPU goes, not only how much."""
         totals: dict[str, float] = {}
         for key, cpu in self.cpu.items():
             kind = self.kind.get(key, "other")
-            totals[kind] = totals.get(kind, 0.0) + cpu
+            spent = cpu - (self.marked.get(key, 0.0) if window else 0.0)
+            totals[kind] = totals.get(kind, 0.0) + spent
         return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
     def peak_rss_mb(self, kind: str | None = None) -> float:

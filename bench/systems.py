@@ -118,6 +118,7 @@ def _drive(
             time.sleep(0.2)
         warmup_s = time.monotonic() - warmup_started
         print(f"  {name}: publishing {events} bulk events ...", file=sys.stderr, flush=True)
+        sampler.mark()
         publish_s = publish_backlog(engine, events)
         # The critical trickle runs while the bulk backlog drains.
         drained = wait_drained(engine, settings.timeout_s, alive, lane="bulk")
@@ -138,9 +139,14 @@ def _drive(
         warmup_s=warmup_s,
         publish_s=publish_s,
         critical_published=trickle.published,
-        cpu_s=sampler.cpu_s,
-        cpu_s_per_1k=sampler.cpu_s / sent * 1000,
-        cpu_s_by_kind={k: round(v, 1) for k, v in sampler.cpu_s_by_kind().items()},
+        # Per email sent in the window (publish to drained): a resident system's cost of
+        # sending. The figure with start-up and the idle warm-up is kept beside it.
+        cpu_s=sampler.window_cpu_s,
+        cpu_s_per_1k=sampler.window_cpu_s / max(1, figures["sent"]) * 1000,
+        cpu_s_by_kind={k: round(v, 1) for k, v in sampler.cpu_s_by_kind(window=True).items()},
+        cpu_s_with_startup=sampler.cpu_s,
+        cpu_s_per_1k_with_startup=sampler.cpu_s / sent * 1000,
+        cpu_s_by_kind_with_startup={k: round(v, 1) for k, v in sampler.cpu_s_by_kind().items()},
         peak_rss_mb=sampler.peak_rss_mb("run_worker") or sampler.peak_rss_mb(),
         peak_rss_any_mb=sampler.peak_rss_mb(),
         provider_accepted=stats.get("accepted"),

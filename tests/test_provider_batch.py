@@ -168,13 +168,15 @@ def test_a_batch_goes_out_in_calls_of_batch_max_each_message_recorded_once(engin
     provider.close()
 
 
-def test_small_batches_still_use_the_lanes_concurrency(engine, sandbox):
-    ids = [signup(engine, f"u{i}") for i in range(8)]
-    provider = SandboxProvider(sandbox.base_url, batch_max=100, max_connections=4)
-    outcome = batch_sender(engine, provider, _lane(concurrency=4)).run(ids, run_id="run-1")
-    assert outcome.sent == 8
-    # Not one call of 8: four calls of 2, in flight at once.
-    assert sandbox_stats(sandbox.base_url)["batch_requests"] == 4
+def test_a_batch_fills_its_calls_before_it_spreads_them(engine, sandbox):
+    ids = [signup(engine, f"u{i}") for i in range(25)]
+    provider = SandboxProvider(sandbox.base_url, batch_max=10, max_connections=8)
+    outcome = batch_sender(engine, provider, _lane(concurrency=8)).run(ids, run_id="run-1")
+    assert outcome.sent == 25
+    # Calls of 10, 10 and 5, not eight calls of three or four: every call costs a request
+    # against the provider's limit, and a fuller call takes about as long.
+    stats = sandbox_stats(sandbox.base_url)
+    assert (stats["batch_requests"], stats["send_attempts"]) == (3, 25)
 
 
 def _worker(engine: Engine, provider, lane: LaneConfig, run_id: str) -> LaneWorker:  # type: ignore[no-untyped-def]

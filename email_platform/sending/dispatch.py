@@ -138,9 +138,11 @@ class Dispatcher:
             )
         done: SimpleQueue[Sent | None] = SimpleQueue()
         stop = threading.Event()
-        # Where the provider takes several messages a call, each call carries up to its limit,
-        # but never so many that fewer calls than the lane's concurrency are left in flight.
-        per_call = max(1, min(_batch_max(provider), -(-len(work) // self.concurrency)))
+        # Where the provider takes several messages a call, each call carries up to its limit:
+        # a call costs a request against the provider's rate limit and its own CPU on both
+        # ends, while a fuller call takes about as long. Spreading a batch over the lane's
+        # concurrency (4 messages a call at 1,000 over 256) made 25 times the requests.
+        per_call = _batch_max(provider)
         workers = min(self.concurrency, -(-len(work) // per_call))
         # Looked up once per batch: with tracing off, the senders skip span work entirely.
         traced = tracing.active()
