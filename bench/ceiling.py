@@ -156,8 +156,9 @@ def run(
                     rows.append(message_row(event, route, email, accepted.provider_message_id))
                 return rows
 
-            # The same split as the real path: calls of up to the provider's limit.
-            per_call = provider.batch_max
+            # The same split as the real path: a call a message when the threads allow it,
+            # else calls of up to the provider's limit.
+            per_call = 1 if len(work) <= in_flight else provider.batch_max
             chunks = [work[i : i + per_call] for i in range(0, len(work), per_call)]
             rows = [row for chunk_rows in pool.map(send, chunks) for row in chunk_rows]
             with engine.begin() as connection:

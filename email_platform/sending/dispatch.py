@@ -138,11 +138,12 @@ class Dispatcher:
             )
         done: SimpleQueue[Sent | None] = SimpleQueue()
         stop = threading.Event()
-        # Where the provider takes several messages a call, each call carries up to its limit:
-        # a call costs a request against the provider's rate limit and its own CPU on both
-        # ends, while a fuller call takes about as long. Spreading a batch over the lane's
-        # concurrency (4 messages a call at 1,000 over 256) made 25 times the requests.
-        per_call = _batch_max(provider)
+        # Where the lane's concurrency can give every message a call of its own, it does: all
+        # are in flight at once, and a call that fails as a whole (a timeout) is one message's.
+        # Past that, calls carry up to the provider's limit: a call costs a request against its
+        # rate limit and CPU on both ends, and a fuller one takes about as long (spreading
+        # 1,000 over 256 in flight made calls of 4, 25 times the requests).
+        per_call = 1 if len(work) <= self.concurrency else _batch_max(provider)
         workers = min(self.concurrency, -(-len(work) // per_call))
         # Looked up once per batch: with tracing off, the senders skip span work entirely.
         traced = tracing.active()
