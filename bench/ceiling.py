@@ -29,6 +29,7 @@ from email_platform.providers.sandbox import SandboxProvider
 from email_platform.recipients import SqlDirectoryResolver
 from email_platform.rendering import PACKAGE_TEMPLATES, TemplateRenderer
 from email_platform.routes import RouteTable, default_routes
+from email_platform.sending.dispatch import messages_per_call
 from email_platform.store import outbox
 from email_platform.timeutil import utcnow
 
@@ -156,9 +157,8 @@ def run(
                     rows.append(message_row(event, route, email, accepted.provider_message_id))
                 return rows
 
-            # The same split as the real path: a call a message when the threads allow it,
-            # else calls of up to the provider's limit.
-            per_call = 1 if len(work) <= in_flight else provider.batch_max
+            # The same split as the real path.
+            per_call = messages_per_call(len(work), in_flight, provider.batch_max)
             chunks = [work[i : i + per_call] for i in range(0, len(work), per_call)]
             rows = [row for chunk_rows in pool.map(send, chunks) for row in chunk_rows]
             with engine.begin() as connection:

@@ -138,12 +138,7 @@ class Dispatcher:
             )
         done: SimpleQueue[Sent | None] = SimpleQueue()
         stop = threading.Event()
-        # Where the lane's concurrency can give every message a call of its own, it does: all
-        # are in flight at once, and a call that fails as a whole (a timeout) is one message's.
-        # Past that, calls carry up to the provider's limit: a call costs a request against its
-        # rate limit and CPU on both ends, and a fuller one takes about as long (spreading
-        # 1,000 over 256 in flight made calls of 4, 25 times the requests).
-        per_call = 1 if len(work) <= self.concurrency else _batch_max(provider)
+        per_call = messages_per_call(len(work), self.concurrency, _batch_max(provider))
         workers = min(self.concurrency, -(-len(work) // per_call))
         # Looked up once per batch: with tracing off, the senders skip span work entirely.
         traced = tracing.active()
@@ -391,6 +386,18 @@ def _end_spans(spans: list[Any], results: Sequence[Result]) -> None:
                     "http.response.status_code": getattr(result, "status_code", None),
                 },
             )
+
+
+def messages_per_call(count: int, in_flight: int, batch_max: int) -> int:
+    """How many of ``count`` messages go in one provider call.
+
+    Where ``in_flight`` calls can give every message a call of its own, each gets one: all are
+    in flight at once, and a call that fails as a whole (a timeout) is one message's failure.
+    Past that, calls carry up to ``batch_max``: a call costs a request against the provider's
+    rate limit and CPU on both ends, and a fuller one takes about as long (spreading 1,000 over
+    256 in flight made calls of 4, 25 times the requests).
+    """
+    return 1 if count <= in_flight else max(1, batch_max)
 
 
 def _batch_max(provider: EmailProvider) -> int:
