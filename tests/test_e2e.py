@@ -15,7 +15,9 @@ from sqlalchemy import insert, select
 
 from email_platform import publish
 from email_platform.db.schema import dead_letters, email_messages, email_outbox, lane_workers
+from email_platform.lanes import outbox_sensor_name
 from email_platform.local.dagster_home import DaemonProcess, prepare_home, wait_for
+from email_platform.ops.lane_worker import stopped_lane_sensors
 from tests.support import product, sandbox_messages, sandbox_stats, users
 
 pytestmark = pytest.mark.e2e
@@ -98,6 +100,26 @@ def _dagster_cli(home: Path, env: dict, *args: str) -> None:
     )
 
 
+def _stop_sensor_until_it_holds(home: Path, env: dict, lane: str) -> int:
+    """Stop the lane's outbox sensor; return how many stops it took to stay stopped.
+
+    Dagster 1.13's sensor daemon writes back the sensor state it read as a tick began, status
+    included, so a stop that lands inside a tick is undone (seen once in CI: the bulk sensor
+    ticked on for 30 s after a stop). An operator sees it running again and stops it again;
+    so does this. ``email-platform lanes pause`` has no such race."""
+    for attempt in range(1, 4):
+        _dagster_cli(home, env, "sensor", "stop", outbox_sensor_name(lane))
+
+        def running_again() -> bool:
+            with DagsterInstance.from_config(str(home)) as instance:
+                return lane not in stopped_lane_sensors(instance)
+
+        # Two sensor intervals: a tick in flight at the stop has written its state by then.
+        if not wait_for(running_again, 12, 1.0):
+            return attempt
+    raise AssertionError(f"the {lane} sensor did not stay stopped after 3 stops")
+
+
 def test_daemon_drains_every_lane_and_bulk_can_be_paused(engine, database_url, sandbox, tmp_path):
     home = tmp_path / "dagster"
     prepare_home(home)
@@ -122,7 +144,7 @@ def test_daemon_drains_every_lane_and_bulk_can_be_paused(engine, database_url, s
             daemon.log_path.read_text()[-3000:],
         )
         # Pausing a lane whose worker is running ends that worker (it would idle for 60 s).
-        _dagster_cli(home, env, "sensor", "stop", "bulk_outbox_sensor")
+        _stop_sensor_until_it_holds(home, env, "bulk")
         assert wait_for(lambda: _bulk_worker_ends(engine) == {"paused"}, 30), (
             _bulk_worker_ends(engine),
             daemon.log_path.read_text()[-3000:],
