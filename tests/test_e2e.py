@@ -100,23 +100,23 @@ def _dagster_cli(home: Path, env: dict, *args: str) -> None:
     )
 
 
-def _stop_sensor_until_it_holds(home: Path, env: dict, lane: str) -> int:
-    """Stop the lane's outbox sensor; return how many stops it took to stay stopped.
+def _sensor_running(home: Path, lane: str) -> bool:
+    with DagsterInstance.from_config(str(home)) as instance:
+        return lane not in stopped_lane_sensors(instance)
+
+
+def _stop_sensor_until_it_holds(home: Path, env: dict, lane: str) -> None:
+    """Stop the lane's outbox sensor until it stays stopped.
 
     Dagster 1.13's sensor daemon writes back the sensor state it read as a tick began, status
     included, so a stop that lands inside a tick is undone (seen once in CI: the bulk sensor
     ticked on for 30 s after a stop). An operator sees it running again and stops it again;
     so does this. ``email-platform lanes pause`` has no such race."""
-    for attempt in range(1, 4):
+    for _ in range(3):
         _dagster_cli(home, env, "sensor", "stop", outbox_sensor_name(lane))
-
-        def running_again() -> bool:
-            with DagsterInstance.from_config(str(home)) as instance:
-                return lane not in stopped_lane_sensors(instance)
-
         # Two sensor intervals: a tick in flight at the stop has written its state by then.
-        if not wait_for(running_again, 12, 1.0):
-            return attempt
+        if not wait_for(lambda: _sensor_running(home, lane), 12, 1.0):
+            return
     raise AssertionError(f"the {lane} sensor did not stay stopped after 3 stops")
 
 

@@ -172,20 +172,20 @@ def lower_priority(nice: int) -> None:
         os.nice(nice)
 
 
-#: Young objects between collections in a worker's process (Python's default: 700). A batch
-#: makes tens of thousands; at 700 the collector ran over a thousand times per 10,000 emails.
+#: Young objects between collections in a worker's process (Python's default: 700): a batch
+#: makes tens of thousands, and at 700 the collector ran all the time.
 GC_THRESHOLD = (50_000, 20, 10)
 
 
 def settle_heap() -> bool:
-    """Leave what start-up made (Dagster, SQLAlchemy, the code location: about 170,000
-    objects) out of garbage collection from here on, and collect young objects less often.
+    """Leave what start-up made (Dagster, SQLAlchemy, the code location) out of garbage
+    collection from here on, and collect young objects less often: a full collection scanned
+    all of it every batch or so (measured in bench/README.md).
 
-    A full collection scanned all of it (about 0.1 s) every batch or so: measured, garbage
-    collection took 2.1-2.7 s of a worker's CPU per 10,000 emails, and 0.6 s settled
-    (bench/README.md). Only where the worker has a process of its own (a multiprocess or
-    in-process executor's run or step process): what is frozen is never collected, which a
-    test process or a Celery worker, running step after step, must not accumulate."""
+    Only where the worker has a process of its own (a multiprocess or in-process executor's
+    run or step process): what is frozen is never collected, which a test process or a Celery
+    worker, running step after step, must not accumulate. Garbage from before is collected
+    first, so it is not frozen with the rest."""
     if multiprocessing.parent_process() is None or config.executor_settings().kind == "celery":
         return False
     gc.collect()
