@@ -117,7 +117,9 @@ DEFAULT_LANE_CONFIGS: dict[Lane, LaneConfig] = {
         request_timeout_s=900,
         max_runs_per_tick=2,
         run_priority=0,
-        worker_poll_s=1.0,
+        # A campaign's first mail waits up to this for an idle worker; a poll is two indexed
+        # reads that stop at the first due row.
+        worker_poll_s=0.25,
         worker_idle_s=60,
         target_s=3600.0,
         nice=5,

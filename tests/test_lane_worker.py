@@ -33,6 +33,7 @@ from email_platform.errors import ConfigurationError
 from email_platform.jobs import lane_worker_run_config
 from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane, LaneConfig
 from email_platform.providers.sandbox import SandboxProvider
+from email_platform.publisher import publish_many
 from email_platform.resources import AppDatabase, LanePolicy
 from email_platform.sandbox.server import SandboxConfig, SandboxServer
 from email_platform.sending.worker import LaneWorker
@@ -92,6 +93,70 @@ def test_worker_drains_its_lane_batch_after_batch_and_ends_when_idle(engine, san
     assert all(event(engine, i).status == "done" for i in ids)
     # Another lane's event is not this worker's.
     assert event(engine, bulk).status == "pending"
+
+
+def _claim_sizes(claimed_after: list[int]) -> list[int]:
+    return [b - a for a, b in zip([0, *claimed_after], claimed_after, strict=False)]
+
+
+def test_a_backlog_is_claimed_a_round_of_calls_first_then_in_doubling_batches(engine, sandbox):
+    """Sending starts after preparing one round of calls, not a whole batch; a lane that ran
+    dry starts its next backlog that way again."""
+    ids = [signup(engine, f"u{i}") for i in range(30)]
+    claimed_after: list[int] = []
+    lane = _lane(batch_size=8, concurrency=2, worker_idle_s=3.0)
+    worker = _worker(
+        engine,
+        sandbox.base_url,
+        lane,
+        "worker-1",
+        on_batch=lambda result: claimed_after.append(result.totals["claimed"]),
+    )
+    worker.sender.provider = SandboxProvider(sandbox.base_url, batch_max=1, timeout_s=5)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while sum(_claim_sizes(claimed_after)) < 30 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)  # a few empty polls: the lane ran dry
+        with engine.begin() as connection:
+            later = publish_many(
+                connection,
+                [
+                    {
+                        "event_type": "user.signed_up",
+                        "aggregate_id": f"v{i}",
+                        "payload": {
+                            "user_id": f"v{i}",
+                            "email": f"v{i}@example.com",
+                            "first_name": "V",
+                        },
+                    }
+                    for i in range(10)
+                ],
+            )
+    finally:
+        thread.join()
+    assert worker.result.reason == "idle"
+    assert _claim_sizes(claimed_after) == [2, 4, 8, 8, 8, 2, 4, 4]
+    assert worker.result.totals["sent"] == 40
+    assert all(event(engine, i).status == "done" for i in ids + later)
+
+
+def test_a_provider_taking_batches_is_claimed_a_whole_batch_at_once(engine, sandbox):
+    """A round of batch calls (2 calls of up to 100) holds more than a batch: no ramp."""
+    [signup(engine, f"u{i}") for i in range(20)]
+    claimed_after: list[int] = []
+    worker = _worker(
+        engine,
+        sandbox.base_url,
+        _lane(batch_size=8, concurrency=2),
+        "worker-1",
+        on_batch=lambda result: claimed_after.append(result.totals["claimed"]),
+    )
+    assert worker.run().totals["sent"] == 20
+    assert _claim_sizes(claimed_after) == [8, 8, 4]
 
 
 def test_events_published_while_the_worker_runs_are_sent_within_a_poll(engine, sandbox):
@@ -266,12 +331,14 @@ class _CancelAfter(SandboxProvider):
 
 
 @pytest.mark.parametrize(
-    ("batch_size", "cancel_after"),
-    [(40, 10), (10, 5)],
-    ids=["one-batch", "one-batch-in-flight-one-prepared"],
+    ("batch_size", "cancel_after", "held_n"),
+    # Claims start at a round of calls (4) and double up to the batch size: the stop comes
+    # while the second batch (acceptances 5 to 12) is in flight, with the third prepared.
+    [(40, 10, 4 + 8 + 16), (10, 5, 4 + 8 + 10)],
+    ids=["doubling-to-40", "doubling-to-10"],
 )
 def test_a_terminated_worker_records_what_is_in_flight_and_gives_back_the_rest(
-    engine, sandbox, batch_size, cancel_after
+    engine, sandbox, batch_size, cancel_after, held_n
 ):
     ids = [signup(engine, f"u{i}") for i in range(40)]
     lane = _lane(batch_size=batch_size, concurrency=4)
@@ -282,9 +349,9 @@ def test_a_terminated_worker_records_what_is_in_flight_and_gives_back_the_rest(
     accepted = {m["idempotency_key"] for m in sandbox_messages(sandbox.base_url)}
     # No new send started after the request: at most the ones in flight then (4) finished.
     assert cancel_after <= len(accepted) <= cancel_after + 4
-    # Claimed and prepared: the one batch, or the batch in flight and the one behind it.
+    # Claimed and prepared: the batches sent, the one in flight and the one behind it.
     held = [i for i in ids if messages_of(engine, i)]
-    assert len(held) == min(40, 2 * batch_size)
+    assert len(held) == held_n
     for event_id in held:
         (message,) = messages_of(engine, event_id)
         # Every acceptance the provider gave is on record; nothing else was sent.

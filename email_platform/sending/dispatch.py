@@ -138,7 +138,7 @@ class Dispatcher:
             )
         done: SimpleQueue[Sent | None] = SimpleQueue()
         stop = threading.Event()
-        per_call = messages_per_call(len(work), self.concurrency, _batch_max(provider))
+        per_call = messages_per_call(len(work), self.concurrency, batch_max_of(provider))
         workers = min(self.concurrency, -(-len(work) // per_call))
         # Looked up once per batch: with tracing off, the senders skip span work entirely.
         traced = tracing.active()
@@ -400,7 +400,8 @@ def messages_per_call(count: int, in_flight: int, batch_max: int) -> int:
     return 1 if count <= in_flight else max(1, batch_max)
 
 
-def _batch_max(provider: EmailProvider) -> int:
+def batch_max_of(provider: EmailProvider) -> int:
+    """Most messages ``provider`` takes in one call (1 unless it sends batches)."""
     if isinstance(provider, BatchingProvider):
         return max(1, provider.batch_max)
     return 1

@@ -27,6 +27,7 @@ from sqlalchemy import Connection, Engine
 from email_platform import logs
 from email_platform.lanes import LaneConfig
 from email_platform.sending.batch import BatchOutcome, BatchSender
+from email_platform.sending.dispatch import batch_max_of
 from email_platform.sending.leases import RENEW_EVERY_S, LeaseRenewer, renew_every_s
 from email_platform.sending.retry import retry_wait_s
 from email_platform.store import lane_workers, outbox
@@ -92,6 +93,11 @@ class LaneWorker:
         self.sleep = sleep or self.cancel.wait
         self._retries: list[_Retry] = []
         self.result = WorkerResult()
+        # How many due events the next claim takes: a backlog's first batch is one round of
+        # calls in flight, so sending starts after preparing that many, not a whole batch; the
+        # batches after it double (each is prepared while the one before is sent) up to
+        # ``batch_size``. Back to the first size whenever the lane runs dry.
+        self._claim_size = lane.batch_size
         # The batch being sent while the next one is claimed and prepared, and its retry number.
         self._delivering: tuple[futures.Future[BatchOutcome], int] | None = None
         self._delivery = futures.ThreadPoolExecutor(1, thread_name_prefix="deliver")
@@ -129,6 +135,7 @@ class LaneWorker:
         return self.result
 
     def _loop(self) -> None:
+        self._claim_size = self._first_claim()
         started = self.clock()
         idle_since = started
         last_progress = started
@@ -168,16 +175,22 @@ class LaneWorker:
             if not retiring:
                 with self.engine.connect() as connection:
                     event_ids = outbox.find_due(
-                        connection, self.lane.lane.value, utcnow(), self.lane.batch_size
+                        connection, self.lane.lane.value, utcnow(), self._claim_size
                     )
                 if event_ids:
+                    self._claim_size = min(self.lane.batch_size, 2 * self._claim_size)
                     self._send(event_ids, 0)
                     idle_since = self.clock()
                     continue
+                self._claim_size = self._first_claim()
             if self._delivering is not None:
                 self._settle()  # nothing new to prepare: wait for the batch in flight instead
             else:
                 self.sleep(self._idle_wait(now))
+
+    def _first_claim(self) -> int:
+        round_of_calls = self.lane.concurrency * batch_max_of(self.sender.provider)
+        return max(1, min(self.lane.batch_size, round_of_calls))
 
     def _send(self, event_ids: list[str], retry_number: int) -> None:
         """Claim and prepare a batch, then hand it to the delivery thread.
