@@ -211,7 +211,9 @@ def test_after_the_cool_down_the_probe_closes_the_circuit_and_the_primary_sends_
         failover_provider="sandbox",
         failover_base_url=second_sandbox.base_url,
         circuit_failures=2,
-        circuit_cooldown_s=0.3,
+        # Long enough that the rest of the first batch meets the open circuit even on a loaded
+        # machine (0.3 s once let a slow CI run probe and close it before the batch ended).
+        circuit_cooldown_s=2.0,
     )
     lane = dataclasses.replace(DEFAULT_LANE_CONFIGS[Lane.TRANSACTIONAL], concurrency=1)
     first = [signup(engine, f"a{i}") for i in range(4)]
@@ -224,7 +226,7 @@ def test_after_the_cool_down_the_probe_closes_the_circuit_and_the_primary_sends_
         assert outcome.sent == 2 and len(outcome.transient) == 2  # two 503s, then failover
     finally:
         provider.close()
-    time.sleep(0.35)  # the cool-down passes
+    time.sleep(2.05)  # the cool-down passes
 
     # A later open of the same resource (the next attempt in this process) shares the breaker.
     provider = resource.open(concurrency=1)
