@@ -1,7 +1,8 @@
 """The batch statements of the send path, on SQLite and PostgreSQL.
 
-PostgreSQL takes a batch as one array per column (``unnest``, ``= ANY``); SQLite keeps the
-multi-row forms. Both must give the same answers: rows created in the caller's order with the
+PostgreSQL takes a batch as one JSON document (``json_to_recordset``), or one array per column
+where JSON cannot carry a value exactly (``unnest``, and ``= ANY`` for set filters); SQLite keeps
+the multi-row forms. Both must give the same answers: rows created in the caller's order with the
 caller's values, a unique-key conflict inside a batch still resolved first-come, each accepted
 message updated with its own provider id, a set filter matching exactly its members, and a
 value too long for its column refused rather than silently cut short.
@@ -13,8 +14,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 
+from email_platform.db.errors import refused_by_database
 from email_platform.db.schema import email_attempts, email_messages
-from email_platform.store import attempts, messages, outbox
+from email_platform.store import attempts, bulk, messages, outbox
 from email_platform.timeutil import as_utc, utcnow
 from tests.support import event, signup
 
@@ -165,3 +167,52 @@ def test_a_value_too_long_for_its_column_is_refused_not_cut_short(engine):
     too_long = _values(event_id, 1, idempotency_key="k" * 300)
     with pytest.raises(DBAPIError, match="too long"), engine.begin() as connection:
         messages.create_many(connection, [too_long])
+
+
+def _attempt(message_id: int, event_id: str, **overrides: object) -> dict:
+    now = utcnow()
+    return {
+        "message_id": message_id,
+        "event_id": event_id,
+        "run_id": "run-1",
+        "attempt_no": 1,
+        "started_at": now,
+        "finished_at": now,
+        "outcome": "transient",
+        **overrides,
+    }
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_values_json_cannot_carry_go_as_arrays_and_are_stored_exactly(engine):
+    event_id = signup(engine, "u1")
+    with engine.begin() as connection:
+        (message,) = messages.create_many(connection, [_values(event_id, 1)])
+    odd = [
+        _attempt(message.message_id, event_id, retry_after_s=float("inf"), error='é \u2028 "q"'),
+        _attempt(message.message_id, event_id, retry_after_s=float("nan"), error="\\ {1,2}"),
+    ]
+    plain = [_attempt(message.message_id, event_id, retry_after_s=2.5, error='é \u2028 "q"')]
+    assert bulk._as_json(odd) is None and bulk._as_json(plain) is not None
+    with engine.begin() as connection:
+        attempts.add(connection, odd)
+        attempts.add(connection, plain)
+        stored = connection.execute(select(email_attempts).order_by(email_attempts.c.attempt_id))
+        got = [(r.retry_after_s, r.error, as_utc(r.started_at)) for r in stored]
+    assert got[0][0] == float("inf") and got[1][0] != got[1][0]  # NaN is not equal to itself
+    assert [g[1] for g in got] == [r["error"] for r in [*odd, *plain]]
+    assert [g[2] for g in got] == [r["started_at"] for r in [*odd, *plain]]
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("error", ["nul \x00 inside", "lone \ud800 surrogate"])
+def test_text_postgresql_cannot_hold_is_refused_as_a_value(engine, error):
+    event_id = signup(engine, "u1")
+    with engine.begin() as connection:
+        (message,) = messages.create_many(connection, [_values(event_id, 1)])
+    with pytest.raises(Exception) as raised, engine.begin() as connection:
+        attempts.add(connection, [_attempt(message.message_id, event_id, error=error)])
+    # A refused value (one message's to carry), never taken for the database being down.
+    assert refused_by_database(raised.value)
+    with engine.connect() as connection:
+        assert connection.execute(select(email_attempts)).all() == []
