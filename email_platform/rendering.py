@@ -117,9 +117,22 @@ class TemplateRenderer:
         base = f"{template}/v{version}"
         html_path = self.directory / base / "html.html"
         compiled = _Compiled(
-            subject=self._text_env.get_template(f"{base}/subject.txt"),
-            text=self._text_env.get_template(f"{base}/text.txt"),
-            html=self._html_env.get_template(f"{base}/html.html") if html_path.exists() else None,
+            subject=_flat_globals(self._text_env.get_template(f"{base}/subject.txt")),
+            text=_flat_globals(self._text_env.get_template(f"{base}/text.txt")),
+            html=_flat_globals(self._html_env.get_template(f"{base}/html.html"))
+            if html_path.exists()
+            else None,
         )
         self._compiled[(template, version)] = compiled
         return compiled
+
+
+def _flat_globals(template: jinja2.Template) -> jinja2.Template:
+    """``template`` with its globals (a ``ChainMap`` over the environment's) as one plain dict.
+
+    Each render copies the globals into a new context and takes their names as a set; over a
+    ``ChainMap`` that cost more than rendering a short template itself (bench/README.md). The
+    environments here are the renderer's own and their globals never change after loading.
+    """
+    template.globals = dict(template.globals)
+    return template

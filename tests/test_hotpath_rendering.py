@@ -61,3 +61,30 @@ def test_a_version_that_failed_to_load_is_loaded_again_once_fixed(tmp_path: Path
     assert info.value.code == "template_error"
     _write(tmp_path, {"t/v1/subject.txt": "Hi {{ name }}"})
     assert renderer.render("t", 1, {"name": "Jane"}).subject == "Hi Jane"
+
+
+def test_templates_render_exactly_as_jinja_renders_them_with_its_globals(tmp_path: Path):
+    """Loaded versions keep Jinja's globals (``range``, ``namespace``, ``cycler`` ...) as a
+    plain dict: the output is what a fresh Jinja environment renders."""
+    import jinja2
+
+    files = {
+        "t/v1/subject.txt": "{% for i in range(n) %}{{ i }}{% endfor %} {{ name }}",
+        "t/v1/text.txt": "{% set ns = namespace(total=0) %}{% for i in range(n) %}"
+        "{% set ns.total = ns.total + i %}{% endfor %}{{ ns.total }} {{ name }}",
+        "t/v1/html.html": "{% set c = cycler('a', 'b') %}{% for i in range(n) %}"
+        "{{ c.next() }}{% endfor %}<b>{{ name }}</b>",
+    }
+    _write(tmp_path, files)
+    renderer = TemplateRenderer(tmp_path)
+    for context in ({"n": 3, "name": "<Jane>"}, {"n": 5, "name": "Joe & co"}):
+        mail = renderer.render("t", 1, context)
+        text_env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+        html_env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=True)
+        expected = (
+            text_env.from_string(files["t/v1/subject.txt"]).render(context).strip(),
+            text_env.from_string(files["t/v1/text.txt"]).render(context),
+            html_env.from_string(files["t/v1/html.html"]).render(context),
+        )
+        assert (mail.subject, mail.text, mail.html) == expected
+    assert mail.subject == "01234 Joe & co" and mail.html == "ababa<b>Joe &amp; co</b>"

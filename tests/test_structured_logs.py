@@ -8,6 +8,7 @@ carry the same ids read back from the provider's webhook. No value, however host
 line in two or forges another.
 """
 
+import io
 import json
 import logging
 import os
@@ -84,6 +85,46 @@ def test_a_bound_logger_adds_its_fields_and_the_call_wins(caplog):
     one, two = caplog.records
     assert logs.fields_of(one) == {"lane": "bulk", "run_id": "r-2", "event_id": "e1"}
     assert logs.fields_of(two) == {"lane": "bulk", "run_id": "r-1", "message_id": 7}
+
+
+def test_lines_written_each_in_a_loop_read_as_one_call_each_would_write_them():
+    """``info_each`` (per-message lines of a group) against ``info(**fields(...))``: the same
+    JSON but the timestamp, the same source, and the logger's level and filters still apply."""
+    stream_each, stream_one = io.StringIO(), io.StringIO()
+    logger = logging.getLogger("email_platform.test.each")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    logger.handlers = [logs.json_handler(stream_each)]
+    records: list[logging.LogRecord] = []
+    keep = logging.Handler()
+    keep.emit = records.append  # type: ignore[method-assign]
+    logger.addHandler(keep)
+    log = logs.bind(logger, lane="bulk", provider="sandbox")
+    rows = [
+        {"event_id": "e1", "message_id": 1, "provider_message_id": None, "provider": "ses"},
+        {"event_id": 'e2\n{"forged": 1}', "message_id": 2, "trace_id": "t2"},
+    ]
+    log.info_each("accepted by the provider", rows)
+    where = sys._getframe().f_code
+    logger.handlers = [logs.json_handler(stream_one)]
+    for row in rows:
+        log.info("accepted by the provider", **logs.fields(**row))
+    each = [json.loads(line) for line in stream_each.getvalue().splitlines()]
+    one = [json.loads(line) for line in stream_one.getvalue().splitlines()]
+    assert len(each) == 2 and [{**e, "ts": 0} for e in each] == [{**o, "ts": 0} for o in one]
+    assert each[0]["provider"] == "ses" and "provider_message_id" not in each[0]
+    assert each[1]["event_id"] == rows[1]["event_id"] and each[1]["provider"] == "sandbox"
+    assert [(r.pathname, r.funcName) for r in records] == [(where.co_filename, where.co_name)] * 2
+
+    logger.handlers = [keep]
+    records.clear()
+    logger.addFilter(lambda record: logs.fields_of(record)["message_id"] != 1)
+    log.info_each("accepted by the provider", rows)
+    assert [logs.fields_of(r)["message_id"] for r in records] == [2]
+    logger.setLevel(logging.WARNING)
+    log.info_each("accepted by the provider", rows)
+    assert len(records) == 1
+    logger.handlers, logger.filters, logger.propagate = [], [], True
 
 
 def _drop_json_handlers() -> None:

@@ -213,21 +213,25 @@ class Recorder:
     def _log_accepted(
         self, accepted: Sequence[tuple[Work, Accepted, datetime]], run_id: str
     ) -> None:
-        if not accepted or not self.message_log.isEnabledFor(logging.INFO):
+        if not accepted:
             return
-        for item, result, _ in accepted:
-            self.message_log.info(
-                "accepted by the provider",
-                **message_fields(
-                    item.message,
-                    item.email,
-                    provider_message_id=result.provider_message_id,
-                    provider=result.provider or self.provider_name,
-                    run_id=run_id,
-                    attempt_no=item.message.attempts + 1,
-                    http_status=result.status_code,
-                ),
-            )
+        self.message_log.info_each(
+            "accepted by the provider",
+            (
+                {
+                    "event_id": item.message.event_id,
+                    "message_id": item.message.message_id,
+                    "idempotency_key": getattr(item.message, "idempotency_key", None),
+                    "provider_message_id": result.provider_message_id,
+                    **logs.trace_fields(item.email),
+                    "provider": result.provider or self.provider_name,
+                    "run_id": run_id,
+                    "attempt_no": item.message.attempts + 1,
+                    "http_status": result.status_code,
+                }
+                for item, result, _ in accepted
+            ),
+        )
 
     def accepted_per_provider(
         self,

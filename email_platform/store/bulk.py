@@ -66,14 +66,10 @@ def one_of(connection: Connection, column: Any, values: Sequence[Any]) -> Column
 _JSON_SAFE = (String, Integer, Float, Boolean, DateTime)
 
 
-class _NotJson(Exception):
-    pass
-
-
 def _json_value(value: Any) -> str:
-    if isinstance(value, datetime.datetime | datetime.date):
+    if isinstance(value, datetime.date):  # datetimes included
         return value.isoformat()
-    raise _NotJson(type(value).__name__)
+    raise TypeError(type(value).__name__)
 
 
 def _as_json(rows: Sequence[dict[str, Any]]) -> str | None:
@@ -82,7 +78,7 @@ def _as_json(rows: Sequence[dict[str, Any]]) -> str | None:
         # ensure_ascii=False: a lone surrogate stays one, and psycopg refuses it (a ValueError)
         # as it refused it inside an array; allow_nan=False: PostgreSQL's JSON has no NaN.
         return json.dumps(rows, default=_json_value, ensure_ascii=False, allow_nan=False)
-    except (_NotJson, ValueError, TypeError):
+    except (ValueError, TypeError):
         return None
 
 
