@@ -8,7 +8,7 @@ from typing import Any
 import psutil
 from sqlalchemy import Engine, create_engine, func, select, text
 
-from email_platform.db.schema import email_messages, email_outbox
+from email_platform.db.schema import email_attempts, email_messages, email_outbox
 
 
 def _process_kind(proc: psutil.Process, root: int) -> str:
@@ -129,6 +129,7 @@ def measure_app_db(engine: Engine) -> dict[str, Any]:
         not_sent = connection.execute(
             select(func.count()).select_from(email_outbox).where(email_outbox.c.status != "done")
         ).scalar()
+        stages = critical_stages(connection, first_publish)
     warmup = [r for r in rows if first_publish is not None and r.published_at < first_publish]
     rows = [r for r in rows if first_publish is None or r.published_at >= first_publish]
     latency: dict[str, list[float]] = {}
@@ -154,6 +155,7 @@ def measure_app_db(engine: Engine) -> dict[str, Any]:
         / max(1e-9, (max(bulk_sent) - min(bulk_sent)).total_seconds())
         if len(bulk_sent) > 1
         else 0.0,
+        "critical_stages": stages,
         "lanes": {
             lane: {
                 "count": len(values),
@@ -163,6 +165,46 @@ def measure_app_db(engine: Engine) -> dict[str, Any]:
             }
             for lane, values in sorted(latency.items())
         },
+    }
+
+
+#: A critical email's way from its publish to its acceptance being recorded, in three stages:
+#: until its message row is written (waiting for a poll, finding and claiming it, preparing
+#: it), until its provider call starts (the hand-over to the delivery thread, which first
+#: finishes the batch before), and until its acceptance is recorded (the call, then the wait
+#: for its group to be written).
+STAGES = ("published_to_prepared", "prepared_to_call", "call_to_recorded")
+
+
+def critical_stages(connection: Any, since: Any) -> dict[str, dict[str, float | None]]:
+    """p50/p99 seconds of each of ``STAGES`` over the critical emails published ``since``."""
+    if since is None:
+        return {}
+    rows = connection.execute(
+        select(
+            email_outbox.c.published_at,
+            email_messages.c.created_at,
+            email_attempts.c.started_at,
+            email_messages.c.sent_at,
+        )
+        .join(email_messages, email_messages.c.event_id == email_outbox.c.event_id)
+        .join(email_attempts, email_attempts.c.message_id == email_messages.c.message_id)
+        .where(
+            email_outbox.c.lane == "critical",
+            email_outbox.c.published_at >= since,
+            email_attempts.c.outcome == "accepted",
+            email_messages.c.sent_at.is_not(None),
+        )
+    ).all()
+    spans: dict[str, list[float]] = {stage: [] for stage in STAGES}
+    for published, prepared, call, recorded in rows:
+        points = (published, prepared, call, recorded)
+        for stage, start, end in zip(STAGES, points, points[1:], strict=False):
+            spans[stage].append((end - start).total_seconds())
+    return {
+        stage: {"p50_s": percentile(values, 0.50), "p99_s": percentile(values, 0.99)}
+        for stage, values in spans.items()
+        if values
     }
 
 

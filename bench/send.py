@@ -98,6 +98,25 @@ def print_table(results: list[Result], baseline: float | None, ceiling: float | 
             f"{_fmt(eps / baseline if baseline else None, 2):>8} "
             f"{_fmt(eps / ceiling if ceiling else None, 2):>9}"
         )
+    for result in results:
+        stages = result.figures.get("critical_stages") or {}
+        if stages:
+            parts = [
+                f"{stage.replace('_', ' ')} {_fmt(v['p50_s'], 2)}/{_fmt(v['p99_s'], 2)}"
+                for stage, v in stages.items()
+            ]
+            print(f"  {result.system} critical stages p50/p99 s: " + ", ".join(parts))
+
+
+def _lane_overrides(text: str) -> dict[str, dict[str, Any]]:
+    """``--lanes``: a JSON object of lane name to an object of settings."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise argparse.ArgumentTypeError('expected {"lane": {"setting": value}, ...}')
+    return value
 
 
 def _setting_label(latency_ms: float, provider_batch: int) -> str:
@@ -137,6 +156,7 @@ def _summarize(latency_ms: float, provider_batch: int, results: list[Result]) ->
         "x_ceiling": ratio(eps(ours), eps(ceiling)),
         "critical_p50_s": _lane(ours, "critical", "p50_s"),
         "critical_p99_s": _lane(ours, "critical", "p99_s"),
+        "critical_stages": ours.figures.get("critical_stages") if ours else None,
         "event_log_bytes_per_email": ours.figures.get("event_log_bytes_per_email")
         if ours
         else None,
@@ -244,6 +264,7 @@ def _report(
             "concurrency": args.concurrency,
             "bulk_runs": args.bulk_runs,
             "ceiling_in_flight": args.ceiling_in_flight or args.bulk_runs * args.concurrency,
+            "lane_overrides": args.lanes,
             "celery_instant": args.celery_instant,
             "celery_latency": args.celery_latency,
             "systems": systems,
@@ -283,6 +304,7 @@ def compare(args: argparse.Namespace) -> int:
                 provider_batch=provider_batch,
                 provider_latency_ms=latency_ms,
                 ceiling_in_flight=args.ceiling_in_flight,
+                lane_overrides=args.lanes,
             )
             results = _run_setting(args, settings, systems)
             summary = _summarize(latency_ms, provider_batch, results)
@@ -444,6 +466,13 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="calls the ceiling keeps in flight (default: the Dagster system's, bulk runs x "
         "concurrency)",
+    )
+    parser.add_argument(
+        "--lanes",
+        type=_lane_overrides,
+        default={},
+        help="lane settings laid over the bench's own for the Dagster system, as JSON: "
+        '\'{"critical": {"batches_in_flight": 1}}\'',
     )
     parser.add_argument(
         "--celery-instant",

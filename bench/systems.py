@@ -60,6 +60,9 @@ class Settings:
     #: Calls the ceiling keeps in flight; None = the Dagster system's (bulk_runs x concurrency).
     ceiling_in_flight: int | None = None
     users_n: int = 500
+    #: Lane settings laid over the bench's own for the Dagster system (``--lanes``), e.g.
+    #: ``{"critical": {"batches_in_flight": 1}}``.
+    lane_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def dagster_in_flight(self) -> int:
@@ -207,6 +210,8 @@ def run_dagster(
         lanes = {
             lane: {**lanes.get(lane, {}), "workers": 0, "warm_workers": 0} for lane in LANE_NAMES
         }
+    for lane, overrides in settings.lane_overrides.items():
+        lanes[lane] = {**lanes.get(lane, {}), **overrides}
     daemon_box: dict[str, DaemonProcess] = {}
 
     def start(app_url: str, sandbox_url: str, work: Path):  # type: ignore[no-untyped-def]

@@ -12,6 +12,7 @@ the ones the blocking path sends (so the adapters' wire-format tests cover both)
 import asyncio
 import dataclasses
 import gzip
+import json
 import socket
 import subprocess
 import sys
@@ -438,3 +439,12 @@ def test_the_bulk_lane_is_nicer_by_default_and_niceness_is_checked():
     assert LanePolicy().config_for("critical").nice == 0
     with pytest.raises(ConfigurationError, match="nice must be 0 to 19"):
         LanePolicy(overrides_json='{"bulk": {"nice": 25}}').config_for("bulk")
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, "2", True])
+def test_batches_in_flight_is_a_whole_number_from_one(value):
+    assert LanePolicy().config_for("critical").batches_in_flight > 1
+    assert LanePolicy().config_for("bulk").batches_in_flight == 1
+    overrides = json.dumps({"critical": {"batches_in_flight": value}})
+    with pytest.raises(ConfigurationError, match="batches_in_flight must be a whole number"):
+        LanePolicy(overrides_json=overrides).config_for("critical")

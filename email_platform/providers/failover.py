@@ -126,8 +126,10 @@ class FailoverProvider:
         return size
 
     def expect(self, histories: dict[str, History]) -> None:
+        # Added to, not replaced: a lane worker may send several batches at once, and each
+        # batch's messages keep their histories until their own call takes them.
         with self._lock:
-            self._histories = dict(histories)
+            self._histories.update(histories)
 
     def send(self, email: OutgoingEmail) -> Accepted:
         result = self.send_many([email])[0]

@@ -38,6 +38,12 @@ class LanePolicy(ConfigurableResource):
             raise ConfigurationError(
                 f"lane override for {parsed.value}: nice must be 0 to 19, got {lane_config.nice}"
             )
+        in_flight = lane_config.batches_in_flight
+        if type(in_flight) is not int or in_flight < 1:
+            raise ConfigurationError(
+                f"lane override for {parsed.value}: batches_in_flight must be a whole number "
+                f"from 1, got {in_flight!r}"
+            )
         if not 0 <= lane_config.warm_workers <= lane_config.workers:
             raise ConfigurationError(
                 f"lane override for {parsed.value}: warm_workers must be 0 to workers "

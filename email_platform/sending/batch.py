@@ -68,7 +68,7 @@ class BatchSender:
             sender_address=sender_address,
             recorder=self.recorder,
         )
-        self.dispatcher = Dispatcher(lane.concurrency, self.cancel)
+        self.dispatcher = Dispatcher(lane.concurrency, self.cancel, lane.batches_in_flight)
         self.provider = provider
 
     @property

@@ -99,12 +99,16 @@ def _drain(group: list[Sent], done: SimpleQueue[Sent | None]) -> list[Sent]:
 class Dispatcher:
     """The lane's senders, kept from batch to batch, and the provider calls they make."""
 
-    def __init__(self, concurrency: int, cancel: threading.Event) -> None:
+    def __init__(self, concurrency: int, cancel: threading.Event, batches: int = 1) -> None:
         self.concurrency = max(1, concurrency)
+        #: Batches sent at once (a lane's ``batches_in_flight``), each with its own calls.
+        self.batches = max(1, batches)
         #: Set when the run is asked to stop: no new provider call starts.
         self.cancel = cancel
         self._threads: futures.ThreadPoolExecutor | None = None
         self._loop: _LoopThread | None = None
+        # A lane worker may send several batches at once, each from a thread of its own.
+        self._starting = threading.Lock()
 
     def send_all(
         self,
@@ -191,18 +195,21 @@ class Dispatcher:
         wall time: each ``Thread.start`` waits for the new thread to get the GIL from the busy
         ones. Idle threads end when the sender is garbage-collected.
         """
-        if self._threads is None:
-            self._threads = futures.ThreadPoolExecutor(
-                min(self.concurrency, SEND_THREADS_MAX), thread_name_prefix="send"
-            )
-        return self._threads
+        with self._starting:
+            if self._threads is None:
+                self._threads = futures.ThreadPoolExecutor(
+                    min(self.concurrency * self.batches, SEND_THREADS_MAX),
+                    thread_name_prefix="send",
+                )
+            return self._threads
 
     def _event_loop(self) -> "_LoopThread":
         """The send loop's thread, kept from batch to batch; it ends with the dispatcher."""
-        if self._loop is None:
-            self._loop = _LoopThread()
-            weakref.finalize(self, self._loop.stop)
-        return self._loop
+        with self._starting:
+            if self._loop is None:
+                self._loop = _LoopThread()
+                weakref.finalize(self, self._loop.stop)
+            return self._loop
 
     def _send_worker(
         self,

@@ -15,7 +15,7 @@ renews the leases of everything it holds, so a worker that dies frees them withi
 
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -98,9 +98,12 @@ class LaneWorker:
         # batches after it double (each is prepared while the one before is sent) up to
         # ``batch_size``. Back to the first size whenever the lane runs dry.
         self._claim_size = lane.batch_size
-        # The batch being sent while the next one is claimed and prepared, and its retry number.
-        self._delivering: tuple[futures.Future[BatchOutcome], int] | None = None
-        self._delivery = futures.ThreadPoolExecutor(1, thread_name_prefix="deliver")
+        # The batches being sent (oldest first) while the next one is claimed and prepared,
+        # each with its retry number: at most ``batches_in_flight``.
+        self._delivering: deque[tuple[futures.Future[BatchOutcome], int]] = deque()
+        self._delivery = futures.ThreadPoolExecutor(
+            max(1, lane.batches_in_flight), thread_name_prefix="deliver"
+        )
         # One thread, one transaction: the heartbeat and the renewal of every lease held.
         self._heartbeat = LeaseRenewer(
             engine,
@@ -123,8 +126,8 @@ class LaneWorker:
             self.result.reason = self.result.reason or f"error: {type(exc).__name__}: {exc}"
             raise
         finally:
-            # The batch in flight is seen through (a stop has set the cancel flag: no new call
-            # starts, what is in flight is recorded) before what is left is given back.
+            # The batches in flight are seen through (a stop has set the cancel flag: no new
+            # call starts, what is in flight is recorded) before what is left is given back.
             self._settle_quietly()
             self._delivery.shutdown()
             self._heartbeat.stop()
@@ -158,9 +161,9 @@ class LaneWorker:
             else:
                 self.result.reason = self.should_stop() or ""
             if self.result.reason:
-                if self._delivering is None:
+                if not self._delivering:
                     return
-                # The batch in flight may leave retries to see through: decide again after it.
+                # A batch in flight may leave retries to see through: decide again after it.
                 self.result.reason = ""
                 self._settle()
                 continue
@@ -183,8 +186,11 @@ class LaneWorker:
                     idle_since = self.clock()
                     continue
                 self._claim_size = self._first_claim()
-            if self._delivering is not None:
+            if self._delivering and self.lane.batches_in_flight <= 1:
                 self._settle()  # nothing new to prepare: wait for the batch in flight instead
+            elif self._delivering:
+                # Others may be sent beside it: look again after a poll, or once one is done.
+                self._settle(timeout_s=self._idle_wait(now))
             else:
                 self.sleep(self._idle_wait(now))
 
@@ -195,37 +201,52 @@ class LaneWorker:
     def _send(self, event_ids: list[str], retry_number: int) -> None:
         """Claim and prepare a batch, then hand it to the delivery thread.
 
-        Claiming and preparing (database round trips, rendering) overlap the previous batch's
-        provider calls and recording, which waited for each other when they ran in turn. At
-        most one batch is in flight and one prepared, so a worker holds two batches' claims.
+        Claiming and preparing (database round trips, rendering) overlap the provider calls
+        and recording of the batches in flight, which waited for each other when they ran in
+        turn. At most ``batches_in_flight`` are in flight and one prepared, so a worker holds
+        that many batches' claims and one more.
         """
         batch = self.sender.claim(event_ids, run_id=self.run_id)
-        self._settle()
+        self._count_finished()
+        while len(self._delivering) >= max(1, self.lane.batches_in_flight):
+            self._settle()
         if batch.events:
             # No long lease across a retry wait: the heartbeat renews what this worker holds,
             # so if it dies, its waiting retries are free after one short lease.
-            self._delivering = (
-                self._delivery.submit(
-                    self.sender.deliver, batch, run_id=self.run_id, hold_retries=False
-                ),
-                retry_number,
+            self._delivering.append(
+                (
+                    self._delivery.submit(
+                        self.sender.deliver, batch, run_id=self.run_id, hold_retries=False
+                    ),
+                    retry_number,
+                )
             )
         else:
             self._count(batch.outcome, retry_number)
 
-    def _settle(self) -> None:
-        """Wait for the batch in flight, if any, and count its outcome."""
-        if self._delivering is None:
+    def _settle(self, timeout_s: float | None = None) -> None:
+        """Wait for the oldest batch in flight, if any (at most ``timeout_s``), then count it
+        and every other batch already done."""
+        if not self._delivering:
             return
-        delivery, retry_number = self._delivering
-        self._delivering = None
-        self._count(delivery.result(), retry_number)
+        futures.wait([self._delivering[0][0]], timeout=timeout_s)
+        self._count_finished()
+
+    def _count_finished(self) -> None:
+        """Count the batches sent so far, oldest first, up to the first still in flight.
+
+        In order, so retries and the totals follow the order batches were claimed in."""
+        while self._delivering and self._delivering[0][0].done():
+            delivery, retry_number = self._delivering.popleft()
+            self._count(delivery.result(), retry_number)
 
     def _settle_quietly(self) -> None:
-        try:
-            self._settle()
-        except BaseException as exc:  # never mask the error that ended the loop
-            self.log.warning(f"the batch in flight ended with {type(exc).__name__}: {exc}")
+        while self._delivering:
+            delivery, retry_number = self._delivering.popleft()
+            try:
+                self._count(delivery.result(), retry_number)
+            except BaseException as exc:  # never mask the error that ended the loop
+                self.log.warning(f"the batch in flight ended with {type(exc).__name__}: {exc}")
 
     def _count(self, outcome: BatchOutcome, retry_number: int) -> None:
         self.result.batches += 1
