@@ -455,6 +455,38 @@ def test_with_two_batches_in_flight_the_next_is_sent_while_one_hangs(engine, san
     assert all(event(engine, i).status == "done" for i in ids)
 
 
+def test_a_batch_whose_lease_lapses_in_flight_is_not_claimed_again_by_its_own_worker(
+    engine, sandbox
+):
+    """A worker whose heartbeat cannot renew (here: never beats) sees its in-flight batch's
+    lease lapse while the call hangs. With a second batch allowed in flight, finding those
+    events due again would send them a second time beside the first."""
+    ids = [signup(engine, f"u{i}") for i in range(10)]
+    lane = _lane(batch_size=10, concurrency=1, batches_in_flight=2, lease_s=1, worker_idle_s=4)
+    worker = _worker(engine, sandbox.base_url, lane, "worker-1", heartbeat_every_s=3600)
+    provider = _HeldFirstCall(sandbox.base_url)
+    worker.sender.provider = provider
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        assert provider.entered.wait(10)
+        time.sleep(2.5)
+        with engine.connect() as connection:  # the lease (1 s) lapsed while the call hangs
+            assert outbox.find_due(connection, "transactional", utcnow(), 100) == ids
+            mine = outbox.find_due(
+                connection, "transactional", utcnow(), 100, not_held_by="worker-1"
+            )
+        assert mine == []
+        assert provider.calls == 1  # no second call for the same events
+    finally:
+        provider.release.set()
+        thread.join()
+    stats = sandbox_stats(sandbox.base_url)
+    assert stats["accepted"] == 10 and stats["repeated_keys"] == 0
+    assert worker.result.totals["sent"] == 10
+    assert all(event(engine, i).status == "done" for i in ids)
+
+
 def test_sigint_and_sigterm_in_the_worker_op_set_its_cancel_flag():
     from email_platform.ops.lane_worker import interrupts_set
 

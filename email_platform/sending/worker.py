@@ -178,7 +178,11 @@ class LaneWorker:
             if not retiring:
                 with self.engine.connect() as connection:
                     event_ids = outbox.find_due(
-                        connection, self.lane.lane.value, utcnow(), self._claim_size
+                        connection,
+                        self.lane.lane.value,
+                        utcnow(),
+                        self._claim_size,
+                        not_held_by=self.run_id,
                     )
                 if event_ids:
                     self._claim_size = min(self.lane.batch_size, 2 * self._claim_size)

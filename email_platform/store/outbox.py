@@ -85,11 +85,21 @@ def find_requestable(
     return connection.execute(query).all()
 
 
-def find_due(connection: Connection, lane: str, now: datetime, limit: int) -> list[str]:
+def find_due(
+    connection: Connection,
+    lane: str,
+    now: datetime,
+    limit: int,
+    *,
+    not_held_by: str | None = None,
+) -> list[str]:
     """Event ids a lane worker may claim now, oldest first: due, or held past their lease.
 
     Unlike the sensor's view this ignores ``requested_at``: the claim, not the request, is the
     gate, so a worker may take an event a sensor requested while the lane ran batch runs.
+    ``not_held_by``: leave out what that run holds, even past its lease. A worker's own held
+    events are in flight with it or waiting for its retry; found again, they would be sent by a
+    second batch beside the first (its lease lapses if its heartbeat cannot write for a lease).
     """
     # Two queries, not one OR: each walks the (lane, status, available_at) index in order and
     # stops at the limit instead of sorting the whole backlog on every poll.
@@ -99,6 +109,7 @@ def find_due(connection: Connection, lane: str, now: datetime, limit: int) -> li
             outbox.c.lane == lane,
             outbox.c.status == IN_FLIGHT,
             outbox.c.lease_expires_at < now,
+            *([outbox.c.claimed_by != not_held_by] if not_held_by is not None else []),
         )
         .order_by(outbox.c.available_at, outbox.c.event_id)
         .limit(limit)
