@@ -19,7 +19,9 @@ suppressions, dead letters, quiet hours). How each pool is tuned, and why, is in
 ``CeleryConfig``.
 
 Configuration comes from the environment: ``BENCH_DATABASE_URL``, ``BENCH_SANDBOX_URL``,
-``BENCH_REDIS_URL`` (default ``redis://127.0.0.1:6379/15``), ``BENCH_CELERY_POOL``,
+``BENCH_REDIS_URL`` (default ``redis://127.0.0.1:6379/15``), ``BENCH_CELERY_BROKER`` (``redis``
+or ``rabbitmq``, at ``BENCH_AMQP_URL``, default ``amqp://guest:guest@127.0.0.1:5672//``, queue
+``BENCH_CELERY_QUEUE``), ``BENCH_CELERY_POOL``,
 ``BENCH_CONCURRENCY`` (per worker process), ``BENCH_PROVIDER_BATCH``, ``BENCH_BATCH_SIZE`` (the
 relay's claim) and ``BENCH_READY_FILE`` (touched when the worker is ready).
 """
@@ -38,6 +40,7 @@ from typing import Any
 
 from celery import Celery
 from celery.signals import worker_process_init, worker_ready
+from kombu import Exchange, Queue
 from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
@@ -50,6 +53,7 @@ from email_platform.store import attempts, messages, outbox
 from email_platform.timeutil import utcnow
 
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/15")
+AMQP_URL = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 
 
 @dataclass(frozen=True)
@@ -64,19 +68,28 @@ class CeleryConfig:
     pool: str
     concurrency: int
     processes: int = 1
+    #: ``redis`` or ``rabbitmq`` (spelled ``prefork-4@rabbitmq``): the broker the tasks go
+    #: through. Celery's docs present RabbitMQ as the complete broker; with Redis, a late
+    #: acknowledgement is a pipelined transaction on the broker's bookkeeping of unacked tasks.
+    broker: str = "redis"
 
     @classmethod
     def parse(cls, spec: str) -> "CeleryConfig":
-        match = re.fullmatch(r"(prefork|gevent|threads)-(?:(\d+)x)?(\d+)", spec.strip())
+        match = re.fullmatch(
+            r"(prefork|gevent|threads)-(?:(\d+)x)?(\d+)(?:@(redis|rabbitmq))?", spec.strip()
+        )
         if not match:
-            raise ValueError(f"celery config {spec!r}: say prefork-4, gevent-300 or gevent-2x150")
-        pool, processes, concurrency = match.groups()
-        return cls(pool, int(concurrency), int(processes or 1))
+            raise ValueError(
+                f"celery config {spec!r}: say prefork-4, gevent-300, gevent-2x150 or "
+                "prefork-4@rabbitmq"
+            )
+        pool, processes, concurrency, broker = match.groups()
+        return cls(pool, int(concurrency), int(processes or 1), broker or "redis")
 
     @property
     def name(self) -> str:
         size = f"{self.processes}x{self.concurrency}" if self.processes > 1 else self.concurrency
-        return f"{self.pool}-{size}"
+        return f"{self.pool}-{size}" + (f"@{self.broker}" if self.broker != "redis" else "")
 
     @property
     def in_flight(self) -> int:
@@ -109,7 +122,9 @@ class CeleryConfig:
 
 def _env_config() -> CeleryConfig:
     return CeleryConfig(
-        os.environ.get("BENCH_CELERY_POOL", "prefork"), int(os.environ.get("BENCH_CONCURRENCY", 4))
+        os.environ.get("BENCH_CELERY_POOL", "prefork"),
+        int(os.environ.get("BENCH_CONCURRENCY", 4)),
+        broker=os.environ.get("BENCH_CELERY_BROKER", "redis"),
     )
 
 
@@ -117,7 +132,38 @@ def _provider_batch() -> int:
     return int(os.environ.get("BENCH_PROVIDER_BATCH", "1"))
 
 
-app = Celery("bench_baseline", broker=REDIS_URL)
+def _broker_settings(config: CeleryConfig) -> tuple[str, dict[str, Any]]:
+    """The broker's URL and the settings that go with it."""
+    if config.broker == "rabbitmq":
+        # A queue of its own per run (``BENCH_CELERY_QUEUE``), with priorities, that RabbitMQ
+        # deletes ten minutes after its last consumer left: no task of an earlier run is left.
+        name = os.environ.get("BENCH_CELERY_QUEUE", "bench")
+        queue = Queue(
+            name,
+            Exchange(name),
+            routing_key=name,
+            queue_arguments={"x-max-priority": 9, "x-expires": 600_000},
+        )
+        return AMQP_URL, {
+            "task_queues": [queue],
+            "task_default_queue": name,
+            "task_default_exchange": name,
+            "task_default_routing_key": name,
+        }
+    return REDIS_URL, {
+        "broker_transport_options": {
+            # Critical tasks jump the queue, as a user would configure it on Redis.
+            "queue_order_strategy": "priority",
+            "priority_steps": [0, 9],
+            # Each greenlet acks its own task on a Redis connection: kombu's default of 10 made
+            # gevent-300 fail acks with "Too many connections" (and a task unacked stays queued).
+            "max_connections": config.concurrency + 10,
+        },
+    }
+
+
+_BROKER_URL, _BROKER_SETTINGS = _broker_settings(_env_config())
+app = Celery("bench_baseline", broker=_BROKER_URL)
 app.conf.update(
     task_ignore_result=True,
     # A task's email is acknowledged only once it is recorded: a worker that dies mid-task has
@@ -130,14 +176,7 @@ app.conf.update(
     ),
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,
-    broker_transport_options={
-        # Critical tasks jump the queue, as a user would configure it on Redis.
-        "queue_order_strategy": "priority",
-        "priority_steps": [0, 9],
-        # Each greenlet acks its own task on a Redis connection: kombu's default of 10 made
-        # gevent-300 fail acks with "Too many connections" (and a task unacked stays queued).
-        "max_connections": _env_config().concurrency + 10,
-    },
+    **_BROKER_SETTINGS,
 )
 
 

@@ -347,6 +347,9 @@ def run_celery(settings: Settings, config: CeleryConfig) -> Result:
             "BENCH_DATABASE_URL": app_url,
             "BENCH_SANDBOX_URL": sandbox_url,
             "BENCH_REDIS_URL": REDIS_URL,
+            "BENCH_CELERY_BROKER": config.broker,
+            # A fresh RabbitMQ queue per run (the work directory's name is unique).
+            "BENCH_CELERY_QUEUE": f"bench-{work.name}",
             "BENCH_CELERY_POOL": config.pool,
             "BENCH_CONCURRENCY": str(config.concurrency),
             "BENCH_PROVIDER_BATCH": str(settings.provider_batch),
@@ -388,5 +391,6 @@ def run_celery(settings: Settings, config: CeleryConfig) -> Result:
     )
     result.figures["in_flight"] = config.in_flight
     result.figures["config"] = config.name
+    result.figures["broker"] = config.broker
     result.figures["prefetch_multiplier"] = config.prefetch_multiplier(settings.provider_batch)
     return result

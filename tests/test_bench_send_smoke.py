@@ -130,3 +130,28 @@ def test_bench_setting_with_dagster_carries_every_figure(tmp_path, bench_env):
     assert setting["systems"]["ceiling"]["in_flight"] == 4
     for system, result in setting["systems"].items():
         _assert_all_sent(system, result)
+
+
+@pytest.mark.timeout(300)
+def test_bench_celery_runs_on_rabbitmq_when_its_configuration_says_so(tmp_path, bench_env):
+    import kombu
+
+    try:
+        with kombu.Connection("amqp://guest:guest@127.0.0.1:5672//", connect_timeout=3) as amqp:
+            amqp.connect()
+    except OSError:
+        pytest.skip("the RabbitMQ row needs RabbitMQ at 127.0.0.1:5672")
+    report = _bench(
+        bench_env,
+        tmp_path / "rabbitmq.json",
+        *("--systems", "celery", "--provider-latency-ms", "0", "--provider-batch", "1"),
+        *("--celery-instant", "prefork-2@rabbitmq", "--bulk-runs", "1", "--concurrency", "4"),
+    )
+    (setting,) = report["settings"]
+    assert setting["baseline_config"] == "prefork-2@rabbitmq"
+    result = setting["systems"]["celery prefork-2@rabbitmq"]
+    assert result["broker"] == "rabbitmq"
+    _assert_all_sent("celery prefork-2@rabbitmq", result)
+    # Nothing went through Redis: a Redis run leaves kombu's bindings (``_kombu.binding.*``)
+    # in the database the bench flushed before this run.
+    assert not redis.Redis.from_url(REDIS_URL).keys("_kombu*")
