@@ -1,10 +1,14 @@
 """The ceiling: a bare loop with no scheduler at all, against the same database and sandbox.
 
 ``python -m bench.ceiling --database-url URL --sandbox-url URL [--batch-size 2000]
-[--in-flight 64] [--provider-batch 100]`` loops until stopped: claim a batch of due outbox
-events (the same atomic claim as the send op), route and render them with the shipped routes and
-templates, send them on keep-alive connections from ``--in-flight`` threads (``--provider-batch``
-messages per call, as the real path does; 1 = a call per message), then mark them sent in one
+[--in-flight 64] [--provider-batch 100] [--client loop|threads]`` loops until stopped: claim a
+batch of due outbox events (the same atomic claim as the send op), route and render them with
+the shipped routes and templates, send them on keep-alive connections, ``--in-flight`` calls at
+once (``--provider-batch`` messages per call, as the real path does; 1 = a call per message)
+from tasks on one event loop through the adapter's async path, as the lane workers send
+(``--client loop``, the default since 2026-12-04), or from as many threads (``--client
+threads``: with hundreds of threads their GIL hand-offs cost more than the sending), then mark
+them sent in one
 transaction per batch (one ``email_messages`` row each, with its ``sent_at``, and the events
 done). ``bench.send`` sets ``--in-flight`` to the calls the Dagster system keeps in flight (bulk
 workers x concurrency): against a provider that answers in 100 ms, calls in flight, not CPU, set
@@ -15,8 +19,10 @@ not a sender anyone should run. ``bench.send`` starts it in its own process.
 """
 
 import argparse
+import asyncio
 import signal
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -26,6 +32,7 @@ from email_platform.db.engine import make_engine
 from email_platform.db.schema import email_messages
 from email_platform.db.schema import email_outbox as outbox_table
 from email_platform.errors import TransientError
+from email_platform.providers.async_http import new_event_loop
 from email_platform.providers.base import Accepted, OutgoingEmail
 from email_platform.providers.sandbox import SandboxProvider
 from email_platform.recipients import SqlDirectoryResolver
@@ -123,15 +130,67 @@ def _call(provider: SandboxProvider, emails: list[OutgoingEmail]) -> list[Any]:
     raise AssertionError("unreachable")
 
 
+async def _call_async(provider: SandboxProvider, emails: list[OutgoingEmail]) -> list[Any]:
+    """``_call`` on the running event loop, through the adapter's own async path."""
+    for tries_left in range(CALL_TRIES - 1, -1, -1):
+        try:
+            if len(emails) == 1:
+                return [await provider.send_async(emails[0])]
+            results = await provider.send_many_async(emails)
+        except TransientError:
+            if not tries_left:
+                raise
+            continue
+        if tries_left and any(isinstance(r, TransientError) for r in results):
+            continue
+        return results
+    raise AssertionError("unreachable")
+
+
+def _rows(items: list[tuple], results: list[Any]) -> list[dict]:
+    rows = []
+    for (event, route, email), accepted in zip(items, results, strict=True):
+        if not isinstance(accepted, Accepted):
+            raise accepted
+        rows.append(message_row(event, route, email, accepted.provider_message_id))
+    return rows
+
+
+async def _send_on_loop(
+    provider: SandboxProvider, chunks: list[list[tuple]], in_flight: int
+) -> list[dict]:
+    """Every chunk's call, ``in_flight`` at a time, from tasks on one event loop."""
+    todo = deque(chunks)
+    rows: list[dict] = []
+
+    async def sender() -> None:
+        while todo:
+            items = todo.popleft()
+            rows.extend(_rows(items, await _call_async(provider, [e for _, _, e in items])))
+
+    await asyncio.gather(*(sender() for _ in range(min(in_flight, len(chunks)))))
+    return rows
+
+
 def run(
-    database_url: str, sandbox_url: str, batch_size: int, in_flight: int, provider_batch: int
+    database_url: str,
+    sandbox_url: str,
+    batch_size: int,
+    in_flight: int,
+    provider_batch: int,
+    client: str = "loop",
 ) -> None:
-    """Send until SIGTERM, keeping up to ``in_flight`` provider calls going."""
+    """Send until SIGTERM, keeping up to ``in_flight`` provider calls going: from tasks on one
+    event loop (``client="loop"``, the adapter's async path, as the lane workers send) or from
+    as many threads (``"threads"``)."""
     engine = make_engine(database_url)
     mailer = Mailer(engine)
     provider = SandboxProvider(
         sandbox_url, max_connections=in_flight, timeout_s=30, batch_max=provider_batch
     )
+    if client == "loop" and not provider.async_ready:
+        raise SystemExit("the sandbox adapter has no event-loop path here; use --client threads")
+    loop = new_event_loop()
     stop = False
 
     def _stop(*_: Any) -> None:
@@ -139,7 +198,7 @@ def run(
         stop = True
 
     signal.signal(signal.SIGTERM, _stop)
-    with ThreadPoolExecutor(max_workers=in_flight) as pool:
+    with ThreadPoolExecutor(max_workers=in_flight if client == "threads" else 1) as pool:
         while not stop:
             now = utcnow()
             with engine.begin() as connection:
@@ -167,20 +226,17 @@ def run(
                 for event in claimed
                 for route, email in mailer.emails_for(event)
             ]
-
-            def send(items: list[tuple]) -> list[dict]:
-                results = _call(provider, [email for _, _, email in items])
-                rows = []
-                for (event, route, email), accepted in zip(items, results, strict=True):
-                    if not isinstance(accepted, Accepted):
-                        raise accepted
-                    rows.append(message_row(event, route, email, accepted.provider_message_id))
-                return rows
-
             # The same split as the real path.
             per_call = messages_per_call(len(work), in_flight, provider.batch_max)
             chunks = [work[i : i + per_call] for i in range(0, len(work), per_call)]
-            rows = [row for chunk_rows in pool.map(send, chunks) for row in chunk_rows]
+            if client == "loop":
+                rows = loop.run_until_complete(_send_on_loop(provider, chunks, in_flight))
+            else:
+
+                def send(items: list[tuple]) -> list[dict]:
+                    return _rows(items, _call(provider, [email for _, _, email in items]))
+
+                rows = [row for chunk_rows in pool.map(send, chunks) for row in chunk_rows]
             with engine.begin() as connection:
                 connection.execute(insert(email_messages), rows)
                 outbox.finish(
@@ -191,6 +247,7 @@ def run(
                     now=utcnow(),
                 )
     provider.close()
+    loop.close()
 
 
 def main() -> None:
@@ -207,8 +264,21 @@ def main() -> None:
         help="provider calls in flight (send threads)",
     )
     parser.add_argument("--provider-batch", type=int, default=100)
+    parser.add_argument(
+        "--client",
+        choices=("loop", "threads"),
+        default="loop",
+        help="calls in flight from tasks on one event loop (the lane workers' way) or threads",
+    )
     args = parser.parse_args()
-    run(args.database_url, args.sandbox_url, args.batch_size, args.in_flight, args.provider_batch)
+    run(
+        args.database_url,
+        args.sandbox_url,
+        args.batch_size,
+        args.in_flight,
+        args.provider_batch,
+        args.client,
+    )
 
 
 if __name__ == "__main__":

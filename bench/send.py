@@ -264,6 +264,7 @@ def _report(
             "concurrency": args.concurrency,
             "bulk_runs": args.bulk_runs,
             "ceiling_in_flight": args.ceiling_in_flight or args.bulk_runs * args.concurrency,
+            "ceiling_client": args.ceiling_client,
             "lane_overrides": args.lanes,
             "celery_instant": args.celery_instant,
             "celery_latency": args.celery_latency,
@@ -304,6 +305,7 @@ def compare(args: argparse.Namespace) -> int:
                 provider_batch=provider_batch,
                 provider_latency_ms=latency_ms,
                 ceiling_in_flight=args.ceiling_in_flight,
+                ceiling_client=args.ceiling_client,
                 lane_overrides=args.lanes,
             )
             results = _run_setting(args, settings, systems)
@@ -340,9 +342,9 @@ def compare(args: argparse.Namespace) -> int:
         f"\n{args.events} bulk events + critical trickle at {args.critical_per_s}/s; bulk batch "
         f"{args.batch_size}; Dagster: {args.bulk_runs} bulk workers x {args.concurrency} calls in "
         f"flight; ceiling: {args.ceiling_in_flight or args.bulk_runs * args.concurrency} calls in "
-        f"flight; Celery: a task per email (one message a call) or per batch; best Celery "
-        f"configuration of the sweep per setting; median of {args.repeats} repeat(s). CPU "
-        f"excludes the sandbox, PostgreSQL and Redis."
+        f"flight ({args.ceiling_client}); Celery: a task per email (one message a call) or per "
+        f"batch; best Celery configuration of the sweep per setting; median of {args.repeats} "
+        f"repeat(s). CPU excludes the sandbox, PostgreSQL and Redis."
     )
     report = _report(args, systems, summaries)
     if args.per_event_events > 0:
@@ -466,6 +468,13 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="calls the ceiling keeps in flight (default: the Dagster system's, bulk runs x "
         "concurrency)",
+    )
+    parser.add_argument(
+        "--ceiling-client",
+        choices=("loop", "threads"),
+        default="loop",
+        help="the ceiling's calls from tasks on one event loop (as the lane workers send) or "
+        "from a thread each",
     )
     parser.add_argument(
         "--lanes",

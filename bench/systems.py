@@ -59,6 +59,8 @@ class Settings:
     provider_latency_ms: float = 0.0
     #: Calls the ceiling keeps in flight; None = the Dagster system's (bulk_runs x concurrency).
     ceiling_in_flight: int | None = None
+    #: ``loop`` (tasks on one event loop, the adapter's async path) or ``threads``.
+    ceiling_client: str = "loop"
     users_n: int = 500
     #: Lane settings laid over the bench's own for the Dagster system (``--lanes``), e.g.
     #: ``{"critical": {"batches_in_flight": 1}}``.
@@ -324,6 +326,8 @@ def run_ceiling(settings: Settings) -> Result:
                 str(settings.ceiling_calls_in_flight),
                 "--provider-batch",
                 str(settings.provider_batch),
+                "--client",
+                settings.ceiling_client,
             ],
             {},
             work / "ceiling.log",
@@ -332,7 +336,10 @@ def run_ceiling(settings: Settings) -> Result:
 
     result = _drive("ceiling", settings, settings.events, start, settings.critical_per_s)
     result.figures["in_flight"] = settings.ceiling_calls_in_flight
-    result.figures["config"] = f"{settings.ceiling_calls_in_flight} threads"
+    result.figures["config"] = f"{settings.ceiling_calls_in_flight} " + (
+        "threads" if settings.ceiling_client == "threads" else "tasks on one event loop"
+    )
+    result.figures["client"] = settings.ceiling_client
     return result
 
 

@@ -53,3 +53,35 @@ def test_a_call_that_fails_every_try_raises_the_transient_error(sandbox):
         provider.close()
     stats = sandbox_stats(sandbox.base_url)
     assert stats["accepted"] == 0 and stats["requests"] == CALL_TRIES
+
+
+def test_the_loop_client_sends_every_chunk_once_with_calls_in_flight_together(sandbox):
+    """``--client loop``: chunks go out from tasks on one event loop through the adapter's
+    async path, a transient failure made again, every message accepted once."""
+    from bench.ceiling import _send_on_loop
+    from email_platform.providers.async_http import new_event_loop
+
+    provider = SandboxProvider(sandbox.base_url, max_connections=4, timeout_s=5, batch_max=1)
+    assert provider.async_ready
+    tos = [f"user{i}@example.org" for i in range(11)] + ["eve+503x1@example.org"]
+    chunks = [[(_Event(f"e{i}"), _Route(), _email(to, f"k{i}"))] for i, to in enumerate(tos)]
+    loop = new_event_loop()
+    try:
+        rows = loop.run_until_complete(_send_on_loop(provider, chunks, in_flight=4))
+    finally:
+        provider.close()
+        loop.close()
+    assert sorted(row["event_id"] for row in rows) == sorted(f"e{i}" for i in range(12))
+    assert all(row["provider_message_id"] for row in rows)
+    stats = sandbox_stats(sandbox.base_url)
+    assert stats["accepted"] == 12 and stats["repeated_keys"] == 0
+    assert stats["requests"] == 13  # the 503 once, then accepted
+
+
+class _Event:
+    def __init__(self, event_id: str) -> None:
+        self.event_id, self.lane = event_id, "bulk"
+
+
+class _Route:
+    name, template = "welcome", "welcome"
