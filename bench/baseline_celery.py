@@ -140,7 +140,7 @@ def _broker_settings(config: CeleryConfig) -> tuple[str, dict[str, Any]]:
         name = os.environ.get("BENCH_CELERY_QUEUE", "bench")
         queue = Queue(
             name,
-            Exchange(name),
+            Exchange(name, auto_delete=True),  # goes with its queue's binding
             routing_key=name,
             queue_arguments={"x-max-priority": 9, "x-expires": 600_000},
         )
@@ -152,7 +152,8 @@ def _broker_settings(config: CeleryConfig) -> tuple[str, dict[str, Any]]:
         }
     return REDIS_URL, {
         "broker_transport_options": {
-            # Critical tasks jump the queue, as a user would configure it on Redis.
+            # Critical tasks jump the queue, as a user would configure it on Redis (where
+            # kombu reads the lists in ``priority_steps`` order: 0 first; see ``priority_of``).
             "queue_order_strategy": "priority",
             "priority_steps": [0, 9],
             # Each greenlet acks its own task on a Redis connection: kombu's default of 10 made
@@ -349,8 +350,17 @@ def send_events(self: Any, events: list[dict[str, Any]]) -> None:
 _EVENT_FIELDS = ("event_id", "event_type", "event_version", "payload", "lane", "idempotency_key")
 
 
+def priority_of(lane: str, broker: str) -> int:
+    """A task's priority: critical mail first. The scales run opposite ways: RabbitMQ delivers
+    9 first, kombu's Redis transport 0 (it reads its per-priority lists in ``priority_steps``
+    order). Until 2026-12-04 the relay gave critical tasks 9 on Redis too: the lowest there."""
+    first, last = (9, 0) if broker == "rabbitmq" else (0, 9)
+    return first if lane == "critical" else last
+
+
 def relay() -> None:
     """Claim due events and enqueue them, critical first, until SIGTERM."""
+    config = _env_config()
     engine = make_engine(os.environ["BENCH_DATABASE_URL"])
     batch_size = int(os.environ.get("BENCH_BATCH_SIZE", "2000"))
     per_task = _provider_batch()
@@ -388,7 +398,7 @@ def relay() -> None:
                     send_events.apply_async(
                         (events[start : start + per_task],),
                         producer=producer,
-                        priority=9 if lane == "critical" else 0,
+                        priority=priority_of(lane, config.broker),
                     )
 
 

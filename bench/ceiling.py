@@ -188,9 +188,31 @@ def run(
     provider = SandboxProvider(
         sandbox_url, max_connections=in_flight, timeout_s=30, batch_max=provider_batch
     )
+    if client not in ("loop", "threads"):
+        raise ValueError(f"client {client!r}: say loop or threads")
     if client == "loop" and not provider.async_ready:
-        raise SystemExit("the sandbox adapter has no event-loop path here; use --client threads")
+        raise SystemExit(
+            "the sandbox adapter has no event-loop path here (a proxy in the environment?); "
+            "use --client threads"
+        )
     loop = new_event_loop()
+    try:
+        _send_until_stopped(engine, mailer, provider, loop, batch_size, in_flight, client)
+    finally:
+        provider.close()
+        loop.run_until_complete(asyncio.sleep(0))  # let the pool's close run on its loop
+        loop.close()
+
+
+def _send_until_stopped(
+    engine: Engine,
+    mailer: Mailer,
+    provider: SandboxProvider,
+    loop: asyncio.AbstractEventLoop,
+    batch_size: int,
+    in_flight: int,
+    client: str,
+) -> None:
     stop = False
 
     def _stop(*_: Any) -> None:
@@ -246,8 +268,6 @@ def run(
                     resolution="sent",
                     now=utcnow(),
                 )
-    provider.close()
-    loop.close()
 
 
 def main() -> None:
@@ -261,7 +281,7 @@ def main() -> None:
         dest="in_flight",
         type=int,
         default=64,
-        help="provider calls in flight (send threads)",
+        help="provider calls in flight",
     )
     parser.add_argument("--provider-batch", type=int, default=100)
     parser.add_argument(

@@ -345,9 +345,10 @@ def run_ceiling(settings: Settings) -> Result:
 
 def run_celery(settings: Settings, config: CeleryConfig) -> Result:
     """The Celery baseline in one configuration: the relay and ``config.processes`` workers."""
-    import redis
+    if config.broker == "redis":
+        import redis
 
-    redis.Redis.from_url(REDIS_URL).flushdb()
+        redis.Redis.from_url(REDIS_URL).flushdb()
 
     def start(app_url: str, sandbox_url: str, work: Path):  # type: ignore[no-untyped-def]
         env = {

@@ -2,6 +2,8 @@
 made again at once, at most ``CALL_TRIES`` times, so one refused keep-alive connection does not
 end a benchmark run (it once stopped the ceiling after 5,000 of 20,000 messages)."""
 
+import asyncio
+
 import pytest
 
 from bench.ceiling import CALL_TRIES, _call
@@ -42,6 +44,28 @@ def test_a_call_that_fails_transiently_is_made_again_until_accepted(sandbox, bat
     assert [type(r) for r in results] == [Accepted] * len(emails)
     stats = sandbox_stats(sandbox.base_url)
     assert stats["accepted"] == len(emails)
+    # A batch is made again whole: the message accepted the first time goes again with its
+    # key, and the sandbox answers it from what it stored (the real path retries only what
+    # failed; the ceiling keeps it simple).
+    assert stats["repeated_keys"] == (0 if batch_max == 1 else 1)
+
+
+def test_the_loop_client_makes_a_batch_call_again_when_one_of_its_messages_failed(sandbox):
+    from bench.ceiling import _call_async
+    from email_platform.providers.async_http import new_event_loop
+
+    provider = SandboxProvider(sandbox.base_url, max_connections=2, timeout_s=5, batch_max=10)
+    emails = [_email("ann@example.org", "k1"), _email("bob+500x1@example.org", "k2")]
+    loop = new_event_loop()
+    try:
+        results = loop.run_until_complete(_call_async(provider, emails))
+    finally:
+        provider.close()
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.close()
+    assert [type(r) for r in results] == [Accepted, Accepted]
+    stats = sandbox_stats(sandbox.base_url)
+    assert stats["accepted"] == 2 and stats["requests"] == 2 and stats["repeated_keys"] == 1
 
 
 def test_a_call_that_fails_every_try_raises_the_transient_error(sandbox):
