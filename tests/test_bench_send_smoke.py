@@ -144,6 +144,7 @@ def test_bench_celery_runs_on_rabbitmq_when_its_configuration_says_so(tmp_path, 
             amqp.connect()
     except Exception as exc:  # refused, or its credentials: either way no broker for the bench
         pytest.skip(f"the RabbitMQ row needs RabbitMQ at {AMQP_URL} ({type(exc).__name__})")
+    redis.Redis.from_url(REDIS_URL).flushdb()  # the bench's own database (see above)
     report = _bench(
         bench_env,
         tmp_path / "rabbitmq.json",
@@ -155,6 +156,6 @@ def test_bench_celery_runs_on_rabbitmq_when_its_configuration_says_so(tmp_path, 
     result = setting["systems"]["celery prefork-2@rabbitmq"]
     assert result["broker"] == "rabbitmq"
     _assert_all_sent("celery prefork-2@rabbitmq", result)
-    # Nothing went through Redis: a Redis run leaves kombu's bindings (``_kombu.binding.*``)
-    # in the database the bench flushed before this run.
+    # Nothing went through Redis: a Redis run leaves kombu's bindings (``_kombu.binding.*``),
+    # and a RabbitMQ run no longer flushes Redis.
     assert not redis.Redis.from_url(REDIS_URL).keys("_kombu*")
