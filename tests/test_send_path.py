@@ -189,11 +189,15 @@ def test_accepted_then_timeout_is_not_sent_twice(engine, database_url, sandbox):
     result = run_send(database_url, sandbox.base_url, "transactional", [event_id], timeout_s=0.5)
     assert result.success
     tries = attempts_of(engine, event_id)
-    assert [a.outcome for a in tries] == ["transient", "accepted"]
+    # Accepted, its answer lost to the timeout, then retried under the same key until answered:
+    # once here, more often on a loaded machine, where a retry can time out too (seen in CI).
+    outcomes = [a.outcome for a in tries]
+    assert outcomes[-1] == "accepted" and set(outcomes[:-1]) == {"transient"}
     stats = sandbox_stats(sandbox.base_url)
-    assert stats["accepted"] == 1 and stats["repeated_keys"] == 1
+    # Sent once: every retry was answered from the key the first call stored.
+    assert stats["accepted"] == 1 and stats["repeated_keys"] == len(tries) - 1
     (seen,) = sandbox_messages(sandbox.base_url)
-    assert tries[1].provider_message_id == seen["id"]
+    assert tries[-1].provider_message_id == seen["id"]
 
 
 def test_a_connection_cut_mid_answer_is_retried_under_the_same_key(engine, database_url, sandbox):
