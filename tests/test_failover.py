@@ -23,9 +23,12 @@ import pytest
 from sqlalchemy import Engine
 
 from email_platform.admin import trace
+from email_platform.errors import ConfigurationError
 from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane
-from email_platform.providers.circuit import CLOSED, OPEN
-from email_platform.providers.failover import FailoverProvider
+from email_platform.providers.base import Accepted, OutgoingEmail
+from email_platform.providers.circuit import CLOSED, OPEN, CircuitBreaker
+from email_platform.providers.failover import FailoverProvider, FailoverState
+from email_platform.providers.sandbox import SandboxProvider
 from email_platform.resources import EmailProviderResource
 from email_platform.sandbox.asgi import BackgroundServer
 from email_platform.sandbox.server import SandboxConfig, SandboxServer
@@ -249,3 +252,46 @@ def test_after_the_cool_down_the_probe_closes_the_circuit_and_the_primary_sends_
     for event_id in [*first, later]:
         (message,) = messages_of(engine, event_id)
         assert message.status == "sent"
+
+
+class _KeyRevokedAfter:
+    """A primary whose credentials stop working after ``good`` accepted sends (a
+    ``ConfigurationError``: the batch stops, the rest of it is never sent)."""
+
+    name = "sandbox"
+
+    def __init__(self, good: int) -> None:
+        self.good = good
+        self.calls = 0
+
+    def send(self, email: OutgoingEmail) -> Accepted:
+        self.calls += 1
+        if self.calls > self.good:
+            raise ConfigurationError("EMAIL_PLATFORM_SANDBOX_API_KEY was revoked")
+        return Accepted(f"id-{self.calls}", 200)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_stopped_batch_leaves_no_history_behind(
+    engine: Engine, second_sandbox: SandboxServer
+) -> None:
+    """A lane worker lives for hours: the histories of messages a stopped batch never sent must
+    not pile up in its failover provider."""
+    primary = _KeyRevokedAfter(good=2)
+    provider = FailoverProvider(
+        primary, SandboxProvider(second_sandbox.base_url), FailoverState(CircuitBreaker())
+    )
+    lane = dataclasses.replace(DEFAULT_LANE_CONFIGS[Lane.TRANSACTIONAL], concurrency=1)
+    ids = [signup(engine, f"k{i}") for i in range(6)]
+    try:
+        with pytest.raises(ConfigurationError, match="revoked"):
+            batch_sender(engine, provider, lane).run(ids, run_id="r1")
+        assert primary.calls == 3  # the batch stopped at the refusal
+        assert provider.histories_waiting == 0
+    finally:
+        provider.close()
+    statuses = [messages_of(engine, e)[0].status for e in ids]
+    assert statuses == ["sent", "sent", "pending", "pending", "pending", "pending"]
+    assert sandbox_messages(second_sandbox.base_url) == []

@@ -3,7 +3,7 @@
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from email.utils import parseaddr
 from typing import Protocol, runtime_checkable
@@ -124,6 +124,10 @@ class HistoryAwareProvider(Protocol):
 
     def expect(self, histories: dict[str, History]) -> None:
         """The histories of the messages about to be sent, by idempotency key."""
+        ...
+
+    def forget(self, keys: Iterable[str]) -> None:
+        """Drop what ``expect`` was told of ``keys`` and no send took (the batch stopped)."""
         ...
 
 

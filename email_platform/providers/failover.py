@@ -15,7 +15,7 @@ transient failures (``circuit_open``) with the cool-down as their ``Retry-After`
 import dataclasses
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import httpx
 
@@ -130,6 +130,17 @@ class FailoverProvider:
         # batch's messages keep their histories until their own call takes them.
         with self._lock:
             self._histories.update(histories)
+
+    def forget(self, keys: Iterable[str]) -> None:
+        with self._lock:
+            for key in keys:
+                self._histories.pop(key, None)
+
+    @property
+    def histories_waiting(self) -> int:
+        """Messages whose histories are held for a send that has not taken them yet."""
+        with self._lock:
+            return len(self._histories)
 
     def send(self, email: OutgoingEmail) -> Accepted:
         result = self.send_many([email])[0]

@@ -130,16 +130,29 @@ class Dispatcher:
         """
         if not work:
             return
-        if isinstance(provider, HistoryAwareProvider):
-            # A failover moves a message only if no earlier attempt may have been accepted.
-            provider.expect(
-                {
-                    item.email.idempotency_key: History(
-                        item.message.attempts, item.message.provider
-                    )
-                    for item in work
-                }
-            )
+        if not isinstance(provider, HistoryAwareProvider):
+            self._send_all(provider, work, record, salvage)
+            return
+        # A failover moves a message only if no earlier attempt may have been accepted.
+        histories = {
+            item.email.idempotency_key: History(item.message.attempts, item.message.provider)
+            for item in work
+        }
+        provider.expect(histories)
+        try:
+            self._send_all(provider, work, record, salvage)
+        finally:
+            # Those never sent (the batch stopped early) would otherwise stay for the life of
+            # the lane worker.
+            provider.forget(histories)
+
+    def _send_all(
+        self,
+        provider: EmailProvider,
+        work: list[Work],
+        record: Callable[[list[Sent]], ConfigurationError | None],
+        salvage: Callable[[list[Sent]], None],
+    ) -> None:
         done: SimpleQueue[Sent | None] = SimpleQueue()
         stop = threading.Event()
         per_call = messages_per_call(len(work), self.concurrency, batch_max_of(provider))
