@@ -229,19 +229,24 @@ class LaneWorker:
             self._count(batch.outcome, retry_number)
 
     def _settle(self, timeout_s: float | None = None) -> None:
-        """Wait for the oldest batch in flight, if any (at most ``timeout_s``), then count it
-        and every other batch already done."""
+        """Wait until a batch in flight is done, if any (at most ``timeout_s``), then count
+        every batch done."""
         if not self._delivering:
             return
-        futures.wait([self._delivering[0][0]], timeout=timeout_s)
+        futures.wait(
+            [delivery for delivery, _ in self._delivering],
+            timeout=timeout_s,
+            return_when=futures.FIRST_COMPLETED,
+        )
         self._count_finished()
 
     def _count_finished(self) -> None:
-        """Count the batches sent so far, oldest first, up to the first still in flight.
-
-        In order, so retries and the totals follow the order batches were claimed in."""
-        while self._delivering and self._delivering[0][0].done():
-            delivery, retry_number = self._delivering.popleft()
+        """Count the batches sent so far, whichever were claimed first: a batch whose call
+        hangs (up to the provider's timeout) holds back neither the count of those sent after
+        it nor the claim its place in flight frees."""
+        for entry in [entry for entry in self._delivering if entry[0].done()]:
+            self._delivering.remove(entry)
+            delivery, retry_number = entry
             self._count(delivery.result(), retry_number)
 
     def _settle_quietly(self) -> None:
