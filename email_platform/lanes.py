@@ -70,6 +70,12 @@ class LaneConfig:
     #: ``concurrency`` calls in flight).
     batches_in_flight: int = 1
 
+    @property
+    def calls_in_flight(self) -> int:
+        """Most provider calls a run of the lane makes at once: ``concurrency`` per batch in
+        flight (what its connections to the provider are sized for)."""
+        return max(1, self.concurrency) * max(1, self.batches_in_flight)
+
 
 DEFAULT_LANE_CONFIGS: dict[Lane, LaneConfig] = {
     Lane.CRITICAL: LaneConfig(

@@ -718,6 +718,59 @@ def test_failed_worker_run_is_reexecuted_to_replay_its_dead_letters(
     assert sorted(keys) == sorted([f"{sent_before}:welcome", f"{flaky}:welcome"])
 
 
+def test_a_batch_hung_at_the_provider_leaves_connections_for_the_next_one(
+    engine, database_url, tmp_path, monkeypatch
+):
+    """Through the worker op and its resources: a lane with two batches in flight opens
+    connections for both. Sized for one, the hung batch's calls held every connection and the
+    next batch's waited for them, although the worker had sent it on."""
+    stalling = SandboxServer(SandboxConfig(timeout_delay_s=3.0))
+    stalling.start()
+    monkeypatch.setenv("EMAIL_PLATFORM_DATABASE_URL", database_url)
+    monkeypatch.setenv("EMAIL_PLATFORM_SANDBOX_BASE_URL", stalling.base_url)
+    monkeypatch.setenv("EMAIL_PLATFORM_SANDBOX_BATCH_MAX", "1")
+    monkeypatch.setenv(
+        "EMAIL_PLATFORM_LANES",
+        json.dumps(
+            {
+                "transactional": {
+                    "concurrency": 2,
+                    "batch_size": 2,
+                    "batches_in_flight": 2,
+                    "retry_delay_s": 0.01,
+                    "worker_idle_s": 1,
+                    "worker_poll_s": 0.05,
+                }
+            }
+        ),
+    )
+    hung = [signup(engine, f"h{i}", email=f"h{i}+timeoutx1@example.com") for i in range(2)]
+    quick = [signup(engine, f"q{i}") for i in range(2)]
+    (tmp_path / "dagster").mkdir()
+    try:
+        with (
+            DagsterInstance.local_temp(str(tmp_path / "dagster")) as instance,
+            execute_job(
+                reconstructable(_worker_job), instance=instance, run_config=WORKER_CONFIG
+            ) as result,
+        ):
+            assert result.success
+    finally:
+        accepted = sandbox_messages(stalling.base_url)
+        stats = sandbox_stats(stalling.base_url)
+        stalling.stop()
+    stalled_until = min(attempts_of(engine, e)[0].finished_at for e in hung)
+    for event_id in quick:
+        (attempt,) = attempts_of(engine, event_id)
+        assert attempt.outcome == "accepted"
+        # Sent while the hung calls still held their connections, not when they let go.
+        assert (stalled_until - attempt.finished_at).total_seconds() > 1.5
+    for event_id in hung:
+        assert [a.outcome for a in attempts_of(engine, event_id)] == ["transient", "accepted"]
+    assert sorted(m["metadata"]["event_id"] for m in accepted) == sorted(hung + quick)
+    assert stats["repeated_keys"] == 0
+
+
 def _run_logs(instance: DagsterInstance, run_id: str) -> list[str]:
     return [e.user_message for e in instance.all_logs(run_id) if not e.is_dagster_event]
 

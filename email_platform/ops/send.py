@@ -123,7 +123,10 @@ def open_provider(
     """The attempt's provider, and the mirror that writes its circuit breaker's state as this
     run's row of ``provider_circuits`` (what the alerts, ``status`` and the metrics read)."""
     mirror = circuits.CircuitMirror(engine, holder=context.run_id, lane=lane.lane.value, log=log)
-    return email_provider.open(concurrency=lane.concurrency, on_circuit_change=mirror), mirror
+    # Connections for every batch in flight: sized for one, a hung batch's calls held all of
+    # them, and the next batch's calls waited for a free one instead of going out.
+    provider = email_provider.open(concurrency=lane.calls_in_flight, on_circuit_change=mirror)
+    return provider, mirror
 
 
 def make_sender(
