@@ -56,6 +56,12 @@ REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/15")
 AMQP_URL = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 
 
+#: Bounds of a configuration the bench will start (see ``CeleryConfig.parse``).
+PREFORK_MAX = 64
+POOL_MAX = 2000
+PROCESSES_MAX = 16
+
+
 @dataclass(frozen=True)
 class CeleryConfig:
     """One tuned Celery deployment: ``processes`` workers, each a ``pool`` of ``concurrency``.
@@ -84,7 +90,16 @@ class CeleryConfig:
                 "prefork-4@rabbitmq"
             )
         pool, processes, concurrency, broker = match.groups()
-        return cls(pool, int(concurrency), int(processes or 1), broker or "redis")
+        config = cls(pool, int(concurrency), int(processes or 1), broker or "redis")
+        # A prefork child is a process and a greenlet a connection's worth of memory: past
+        # these, a typo would take the machine, not measure Celery.
+        most = PREFORK_MAX if pool == "prefork" else POOL_MAX
+        if not 1 <= config.concurrency <= most or not 1 <= config.processes <= PROCESSES_MAX:
+            raise ValueError(
+                f"celery config {spec!r}: concurrency must be 1 to {most} "
+                f"and worker processes 1 to {PROCESSES_MAX}"
+            )
+        return config
 
     @property
     def name(self) -> str:
