@@ -1,5 +1,6 @@
-"""Figures of the send benchmark: CPU and RSS of the system's process tree, per-lane latency
-and throughput from the application database, and the Dagster database's size."""
+"""Figures of the send benchmark: CPU and RSS of the system's process tree (and the CPU of the
+sandbox and PostgreSQL, which every system shares), per-lane latency and throughput from the
+application database, and the Dagster database's size."""
 
 import math
 import threading
@@ -41,11 +42,15 @@ class ProcessSampler:
         self.rss: dict[tuple[int, float], int] = {}
         self.kind: dict[tuple[int, float], str] = {}
         self.marked: dict[tuple[int, float], float] = {}
+        self.labels: dict[int, str] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def watch(self, pid: int) -> None:
+    def watch(self, pid: int, label: str | None = None) -> None:
+        """Sample ``pid`` and its descendants, every one named ``label`` if given."""
         self.roots.append(pid)
+        if label is not None:
+            self.labels[pid] = label
 
     def start(self) -> "ProcessSampler":
         self._thread.start()
@@ -73,7 +78,7 @@ class ProcessSampler:
                     times = proc.cpu_times()
                     rss = proc.memory_info().rss
                     if key not in self.kind:
-                        self.kind[key] = _process_kind(proc, root)
+                        self.kind[key] = self.labels.get(root) or _process_kind(proc, root)
                 except psutil.Error:
                     continue
                 self.cpu[key] = times.user + times.system
@@ -106,6 +111,19 @@ class ProcessSampler:
     def peak_rss_mb(self, kind: str | None = None) -> float:
         values = [v for k, v in self.rss.items() if self.kind.get(k, "").startswith(kind or "")]
         return max(values, default=0) / 2**20
+
+
+def postgres_server_pid() -> int | None:
+    """The local PostgreSQL server's main process (every backend is its child), if any."""
+    for proc in psutil.process_iter(["name", "ppid"]):
+        if proc.info["name"] != "postgres":
+            continue
+        try:
+            if psutil.Process(proc.info["ppid"]).name() != "postgres":
+                return proc.pid
+        except psutil.Error:
+            continue
+    return None
 
 
 def percentile(values: list[float], q: float) -> float | None:

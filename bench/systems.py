@@ -31,7 +31,7 @@ from bench.harness import (
     wait_drained,
     wait_first_sent,
 )
-from bench.measure import ProcessSampler, dagster_storage, measure_app_db
+from bench.measure import ProcessSampler, dagster_storage, measure_app_db, postgres_server_pid
 from bench.workload import CriticalTrickle, publish_backlog
 from email_platform.db.schema import lane_workers
 from email_platform.lanes import LANES
@@ -105,12 +105,20 @@ def _drive(
     work.mkdir(parents=True)
     sandbox = Sandbox(work / "sandbox.log", settings.provider_latency_ms)
     sampler = ProcessSampler()
+    # What the system costs the machine beyond its own processes: the provider it calls and
+    # the database server (all of it: both databases, and the backlog's publishing).
+    shared = ProcessSampler()
+    shared.watch(sandbox.process.pid, "sandbox")
+    postgres = postgres_server_pid()
+    if postgres is not None:
+        shared.watch(postgres, "postgresql")
     stop: Callable[[], None] = lambda: None  # noqa: E731
     try:
         alive, stop, pids = start(app_url, sandbox.url, work)
         for pid in pids:
             sampler.watch(pid)
         sampler.start()
+        shared.start()
         storage_before = storage() if storage else (0, 0)
         # Steady state first: the critical trickle runs until its first mail is accepted (the
         # lane is live, as it is in production), then the backlog lands on top of it.
@@ -124,6 +132,7 @@ def _drive(
         warmup_s = time.monotonic() - warmup_started
         print(f"  {name}: publishing {events} bulk events ...", file=sys.stderr, flush=True)
         sampler.mark()
+        shared.mark()
         before_backlog = trickle.published
         publish_s = publish_backlog(engine, events)
         # The critical trickle runs while the bulk backlog drains, and until at least one of
@@ -138,6 +147,7 @@ def _drive(
         trickle.stop()
         drained = drained and wait_drained(engine, settings.timeout_s, alive)
         sampler.stop()
+        shared.stop()
         storage_after = storage() if storage else (0, 0)
         figures = measure_app_db(engine)
         stats = sandbox.stats()
@@ -160,6 +170,10 @@ def _drive(
         cpu_s_with_startup=sampler.cpu_s,
         cpu_s_per_1k_with_startup=sampler.cpu_s / sent * 1000,
         cpu_s_by_kind_with_startup={k: round(v, 1) for k, v in sampler.cpu_s_by_kind().items()},
+        sandbox_cpu_s_per_1k=_per_1k(shared, "sandbox", figures["sent"]),
+        database_cpu_s_per_1k=_per_1k(shared, "postgresql", figures["sent"])
+        if postgres is not None
+        else None,
         peak_rss_mb=sampler.peak_rss_mb("run_worker") or sampler.peak_rss_mb(),
         peak_rss_any_mb=sampler.peak_rss_mb(),
         provider_accepted=stats.get("accepted"),
@@ -169,6 +183,10 @@ def _drive(
         figures["storage_bytes_per_email"] = (storage_after[0] - storage_before[0]) / sent
         figures["event_log_bytes_per_email"] = (storage_after[1] - storage_before[1]) / sent
     return Result(name, events, figures)
+
+
+def _per_1k(sampler: ProcessSampler, kind: str, sent: int) -> float:
+    return sampler.cpu_s_by_kind(window=True).get(kind, 0.0) / max(1, sent) * 1000
 
 
 LANE_NAMES = [lane.value for lane in LANES]

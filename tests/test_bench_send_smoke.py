@@ -131,6 +131,11 @@ def test_bench_setting_with_dagster_carries_every_figure(tmp_path, bench_env):
     assert setting["systems"]["ceiling"]["client"] == "loop"
     for system, result in setting["systems"].items():
         _assert_all_sent(system, result)
+        # The sandbox's and PostgreSQL's CPU in the same window, for every system.
+        assert result["sandbox_cpu_s_per_1k"] >= 0 and result["database_cpu_s_per_1k"] >= 0
+    for prefix in ("", "baseline_", "ceiling_"):
+        own, machine = setting[f"{prefix}cpu_s_per_1k"], setting[f"{prefix}machine_cpu_s_per_1k"]
+        assert machine >= own > 0, prefix
 
 
 @pytest.mark.timeout(300)
