@@ -33,6 +33,7 @@ from email_platform.ops.send import (
     send_batch,
 )
 from email_platform.resources import AppDatabase, EmailProviderResource, LanePolicy, RoutingResource
+from email_platform.sending.stop_watch import StopWatch
 from email_platform.sending.worker import LaneWorker
 from email_platform.store import dead_letters, lane_pauses
 
@@ -237,17 +238,18 @@ def run_lane_worker(
             _repository_selector_id(context),
             engine,
         )
-        worker = LaneWorker(
-            sender=sender,
-            engine=engine,
-            lane=lane,
-            run_id=context.run_id,
-            should_stop=stopping,
-            log=log,
-            on_batch=reporter,
-        )
-        with interrupts_set(cancel):
-            result = worker.run()
+        with StopWatch(stopping, STOP_CHECK_EVERY_S, log=log) as watch:
+            worker = LaneWorker(
+                sender=sender,
+                engine=engine,
+                lane=lane,
+                run_id=context.run_id,
+                should_stop=watch,
+                log=log,
+                on_batch=reporter,
+            )
+            with interrupts_set(cancel):
+                result = worker.run()
     finally:
         provider.close()
         mirror.close(forget_rows=True)  # the worker's breaker ends with it
