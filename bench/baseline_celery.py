@@ -56,7 +56,8 @@ REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/15")
 AMQP_URL = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 
 
-#: Bounds of a configuration the bench will start (see ``CeleryConfig.parse``).
+#: Bounds of a configuration the bench will start (see ``CeleryConfig.parse``): prefork
+#: children and greenlets or threads over all worker processes, and worker processes.
 PREFORK_MAX = 64
 POOL_MAX = 2000
 PROCESSES_MAX = 16
@@ -94,10 +95,14 @@ class CeleryConfig:
         # A prefork child is a process and a greenlet a connection's worth of memory: past
         # these, a typo would take the machine, not measure Celery.
         most = PREFORK_MAX if pool == "prefork" else POOL_MAX
-        if not 1 <= config.concurrency <= most or not 1 <= config.processes <= PROCESSES_MAX:
+        if (
+            config.concurrency < 1
+            or not 1 <= config.processes <= PROCESSES_MAX
+            or config.in_flight > most
+        ):
             raise ValueError(
-                f"celery config {spec!r}: concurrency must be 1 to {most} "
-                f"and worker processes 1 to {PROCESSES_MAX}"
+                f"celery config {spec!r}: worker processes must be 1 to {PROCESSES_MAX}, each "
+                f"of concurrency 1 or more, and {most} in all at most"
             )
         return config
 

@@ -7,7 +7,7 @@ import threading
 from typing import Any
 
 import psutil
-from sqlalchemy import Engine, create_engine, func, select, text
+from sqlalchemy import Engine, create_engine, func, make_url, select, text
 
 from email_platform.db.schema import email_attempts, email_messages, email_outbox
 
@@ -72,6 +72,9 @@ class ProcessSampler:
                 tree = [parent, *parent.children(recursive=True)]
             except psutil.Error:
                 continue
+            if root in self.labels:
+                self._sample_whole(root, parent, tree)
+                continue
             for proc in tree:
                 try:
                     key = (proc.pid, proc.create_time())
@@ -83,6 +86,24 @@ class ProcessSampler:
                     continue
                 self.cpu[key] = times.user + times.system
                 self.rss[key] = max(self.rss.get(key, 0), rss)
+
+    def _sample_whole(self, root: int, parent: psutil.Process, tree: list) -> None:
+        """A labelled tree as one figure, with the CPU of children that already exited: a
+        PostgreSQL server starts a backend per connection, and a client without a pool (Dagster's
+        storage) makes backends that live for milliseconds, between two samples."""
+        total = 0.0
+        for proc in tree:
+            try:
+                times = proc.cpu_times()
+            except psutil.Error:
+                continue  # exited since listed: its CPU is in its parent's children's times
+            total += times.user + times.system + times.children_user + times.children_system
+        try:
+            key = (root, parent.create_time())
+        except psutil.Error:
+            return
+        self.kind[key] = self.labels[root]
+        self.cpu[key] = total
 
     def mark(self) -> None:
         """Start the sending window: ``window_cpu_s`` counts CPU from here on."""
@@ -113,16 +134,21 @@ class ProcessSampler:
         return max(values, default=0) / 2**20
 
 
-def postgres_server_pid() -> int | None:
-    """The local PostgreSQL server's main process (every backend is its child), if any."""
-    for proc in psutil.process_iter(["name", "ppid"]):
-        if proc.info["name"] != "postgres":
-            continue
-        try:
-            if psutil.Process(proc.info["ppid"]).name() != "postgres":
-                return proc.pid
-        except psutil.Error:
-            continue
+def postgres_server_pid(url: str) -> int | None:
+    """The PostgreSQL server of ``url`` when it runs on this machine: the process listening on
+    its port (every backend is its child). None for a server elsewhere, or one not found."""
+    parsed = make_url(url)
+    if parsed.host not in ("127.0.0.1", "localhost", "::1", None):
+        return None
+    port = parsed.port or 5432
+    for connection in psutil.net_connections(kind="tcp"):
+        if (
+            connection.status == psutil.CONN_LISTEN
+            and connection.laddr
+            and connection.laddr.port == port
+            and connection.pid
+        ):
+            return connection.pid
     return None
 
 

@@ -120,8 +120,10 @@ def print_table(results: list[Result], baseline: float | None, ceiling: float | 
 def machine_cpu_s_per_1k(figures: dict[str, Any]) -> float | None:
     """A system's own CPU per 1,000 emails plus what the sandbox and PostgreSQL spent meanwhile:
     on a machine whose cores are all busy, the cost that sets the speed."""
-    parts = [figures.get(k) for k in ("cpu_s_per_1k", "sandbox_cpu_s_per_1k")]
-    parts.append(figures.get("database_cpu_s_per_1k") or 0.0)
+    parts = [
+        figures.get(k) for k in ("cpu_s_per_1k", "sandbox_cpu_s_per_1k", "database_cpu_s_per_1k")
+    ]
+    # None where a part was not measured (a PostgreSQL server on another machine).
     return None if None in parts else sum(parts)  # type: ignore[arg-type]
 
 

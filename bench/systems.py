@@ -109,7 +109,7 @@ def _drive(
     # the database server (all of it: both databases, and the backlog's publishing).
     shared = ProcessSampler()
     shared.watch(sandbox.process.pid, "sandbox")
-    postgres = postgres_server_pid()
+    postgres = postgres_server_pid(PG_SERVER)
     if postgres is not None:
         shared.watch(postgres, "postgresql")
     stop: Callable[[], None] = lambda: None  # noqa: E731

@@ -22,8 +22,10 @@ class LaneConfig:
     lane: Lane
     #: Most events one run carries.
     batch_size: int
-    #: Provider requests in flight at once inside one run (tasks on one event loop for the HTTP
-    #: adapters; for SMTP or a provider behind the circuit breaker, threads, at most 64).
+    #: Provider requests in flight at once for one batch (tasks on one event loop for the HTTP
+    #: adapters; for SMTP or a provider behind the circuit breaker, threads, at most 64). A lane
+    #: worker with ``batches_in_flight`` N makes up to N x this, and opens that many
+    #: connections: set both to stay within a provider's connection limit.
     concurrency: int
     #: How often the lane's sensor looks at the outbox (the daemon loop is ~5 s anyway).
     interval_s: int

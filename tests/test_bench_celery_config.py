@@ -31,6 +31,8 @@ def test_a_spec_names_the_deployment_it_parses_to(spec: str, name: str, in_fligh
         f"prefork-{PREFORK_MAX + 1}",
         f"gevent-{POOL_MAX + 1}",
         f"gevent-{PROCESSES_MAX + 1}x10",
+        "prefork-16x64",  # 1,024 children in all
+        f"gevent-2x{POOL_MAX}",
         "gevent-99999999999999999999",
         "prefork-4@sqs",
         "prefork-4\nx",
@@ -50,6 +52,7 @@ def test_any_text_is_a_bounded_deployment_or_a_value_error(spec: str) -> None:
         assert "celery config" in str(error)
         return
     most = PREFORK_MAX if config.pool == "prefork" else POOL_MAX
-    assert 1 <= config.concurrency <= most and 1 <= config.processes <= PROCESSES_MAX
+    assert config.concurrency >= 1 and 1 <= config.processes <= PROCESSES_MAX
+    assert config.in_flight <= most
     assert config.broker in ("redis", "rabbitmq")
     assert CeleryConfig.parse(config.name) == config

@@ -129,13 +129,20 @@ def test_bench_setting_with_dagster_carries_every_figure(tmp_path, bench_env):
     assert setting["dagster_in_flight"] == setting["ceiling_in_flight"] == 4
     assert setting["systems"]["ceiling"]["in_flight"] == 4
     assert setting["systems"]["ceiling"]["client"] == "loop"
+    # PostgreSQL's CPU is read only from a server on this machine (the process on its port).
+    local = bench_env["BENCH_POSTGRES"].split("@")[-1].split(":")[0] in ("127.0.0.1", "localhost")
     for system, result in setting["systems"].items():
         _assert_all_sent(system, result)
         # The sandbox's and PostgreSQL's CPU in the same window, for every system.
-        assert result["sandbox_cpu_s_per_1k"] >= 0 and result["database_cpu_s_per_1k"] >= 0
+        assert result["sandbox_cpu_s_per_1k"] >= 0, system
+        if local:
+            assert result["database_cpu_s_per_1k"] >= 0, system
+        else:
+            assert result["database_cpu_s_per_1k"] is None, system
     for prefix in ("", "baseline_", "ceiling_"):
         own, machine = setting[f"{prefix}cpu_s_per_1k"], setting[f"{prefix}machine_cpu_s_per_1k"]
-        assert machine >= own > 0, prefix
+        assert own > 0, prefix
+        assert machine >= own if local else machine is None, prefix
 
 
 @pytest.mark.timeout(300)

@@ -226,7 +226,11 @@ def run_lane_worker(
     lower_priority(lane.nice)
     settle_heap()
     log = logs.bind(context.log, lane=lane.lane.value, run_id=context.run_id)
-    provider, mirror = open_provider(context, email_provider, engine, lane, log)
+    # Connections for every batch in flight: sized for one, a hung batch's calls held all of
+    # them, and the next batch's calls waited for a free one instead of going out.
+    provider, mirror = open_provider(
+        context, email_provider, engine, lane, log, calls=lane.calls_in_flight
+    )
     cancel = threading.Event()
     reporter = WorkerReporter(context, lane.lane.value)
     try:
@@ -238,18 +242,19 @@ def run_lane_worker(
             _repository_selector_id(context),
             engine,
         )
-        with StopWatch(stopping, STOP_CHECK_EVERY_S, log=log) as watch:
-            worker = LaneWorker(
-                sender=sender,
-                engine=engine,
-                lane=lane,
-                run_id=context.run_id,
-                should_stop=watch,
-                log=log,
-                on_batch=reporter,
-            )
-            with interrupts_set(cancel):
-                result = worker.run()
+        watch = StopWatch(stopping, STOP_CHECK_EVERY_S, log=log)
+        worker = LaneWorker(
+            sender=sender,
+            engine=engine,
+            lane=lane,
+            run_id=context.run_id,
+            should_stop=watch,
+            log=log,
+            on_batch=reporter,
+        )
+        # The first check runs with a terminate request already turned into the flag.
+        with interrupts_set(cancel), watch:
+            result = worker.run()
     finally:
         provider.close()
         mirror.close(forget_rows=True)  # the worker's breaker ends with it

@@ -119,13 +119,15 @@ def open_provider(
     engine: Engine,
     lane: LaneConfig,
     log: Any,
+    *,
+    calls: int | None = None,
 ) -> tuple[EmailProvider, circuits.CircuitMirror]:
-    """The attempt's provider, and the mirror that writes its circuit breaker's state as this
-    run's row of ``provider_circuits`` (what the alerts, ``status`` and the metrics read)."""
+    """The attempt's provider, with connections for ``calls`` at once (default: the lane's
+    ``concurrency``), and the mirror that writes its circuit breaker's state as this run's row
+    of ``provider_circuits`` (what the alerts, ``status`` and the metrics read)."""
     mirror = circuits.CircuitMirror(engine, holder=context.run_id, lane=lane.lane.value, log=log)
-    # Connections for every batch in flight: sized for one, a hung batch's calls held all of
-    # them, and the next batch's calls waited for a free one instead of going out.
-    provider = email_provider.open(concurrency=lane.calls_in_flight, on_circuit_change=mirror)
+    connections = lane.concurrency if calls is None else calls
+    provider = email_provider.open(concurrency=connections, on_circuit_change=mirror)
     return provider, mirror
 
 

@@ -16,8 +16,10 @@ class StopWatch:
     """``check`` (a reason to stop, or None) asked every ``every_s`` on a daemon thread, and
     once before the worker starts, so a worker started on a paused lane claims nothing.
 
-    Calling the watch returns the first reason found, at once. A check that raises is raised
-    again from the next call, in the worker's loop, as when the loop asked itself.
+    Calling the watch returns the first reason found, at once. A check that raises (the first
+    one included) is raised again from the next call, in the worker's loop, as when the loop
+    asked itself: the worker then ends through its own clean-up. ``every_s`` is a floor: a
+    check with a throttle of its own reads no more often than that allows.
     """
 
     def __init__(
@@ -31,13 +33,13 @@ class StopWatch:
         self.every_s = every_s
         self.log = log or logging.getLogger(__name__)
         self.reason: str | None = None
-        self._error: BaseException | None = None
+        self._error: Exception | None = None
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stop-check", daemon=True)
 
     def __enter__(self) -> "StopWatch":
-        self.reason = self.check()
-        if self.reason is None:
+        if self._read():
             self._thread.start()
         return self
 
@@ -47,18 +49,26 @@ class StopWatch:
             self._thread.join(timeout=self.every_s + 5)
 
     def __call__(self) -> str | None:
-        error, self._error = self._error, None
+        with self._lock:
+            error, self._error = self._error, None
         if error is not None:
             raise error
         return self.reason
 
     def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            try:
-                reason = self.check()
-            except Exception as exc:  # handed to the loop, which ends the worker with it
+        while not self._stop.wait(self.every_s) and self._read():
+            pass
+
+    def _read(self) -> bool:
+        """Ask once; whether to go on asking (no reason found, no error)."""
+        try:
+            reason = self.check()
+        except Exception as exc:  # handed to the loop, which ends the worker with it
+            self.log.warning(f"the stop check failed ({type(exc).__name__}: {exc})")
+            with self._lock:
                 self._error = exc
-                return
-            if reason is not None:
-                self.reason = reason
-                return
+            return False
+        if reason is not None:
+            self.reason = reason
+            return False
+        return True
