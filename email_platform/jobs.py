@@ -110,6 +110,13 @@ def ingest_run_config(inbox_ids: Sequence[int]) -> dict[str, Any]:
     return _with_loggers({"ingest_webhook_batch": {"config": {"inbox_ids": list(inbox_ids)}}})
 
 
+def ingest_run_inbox_ids(run_config: Mapping[str, Any] | None) -> list[int]:
+    """The stored webhooks an ``ingest_webhooks_job`` run was asked to apply; ``[]`` for any
+    other run."""
+    ops = (run_config or {}).get("ops", {})
+    return list(ops.get("ingest_webhook_batch", {}).get("config", {}).get("inbox_ids", []))
+
+
 def alert_run_config(transition: Any) -> dict[str, Any]:
     """The alert job's config for one ``store.alerts.Transition``."""
     return _with_loggers(

@@ -110,7 +110,7 @@ def check_address(field: str, value: Any) -> str:
 def _plainly_valid(address: str) -> bool:
     """The common case without the library's cost (~0.2 ms an address): plain ASCII that
     every rule ``email-validator`` applies accepts. Anything else goes to the library;
-    ``tests/test_hostile_publish.py`` checks that this never accepts what it refuses."""
+    ``tests/integration/test_hostile_publish.py`` checks that this never accepts what it refuses."""
     match = _PLAIN_ADDRESS.fullmatch(address)
     return (
         match is not None

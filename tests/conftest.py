@@ -20,6 +20,21 @@ from email_platform.sandbox.server import SandboxConfig, SandboxServer
 from tests.support import fresh_pg_database
 
 BACKENDS = ["sqlite", "postgresql"]
+#: Fixtures that give a test a database: such a test is marked ``db``.
+DATABASE_FIXTURES = frozenset(
+    {"database_url", "engine", "pg_app_url", "pg_dagster_home", "postgres_admin_url"}
+)
+PROOF = Path(__file__).resolve().parent / "proof"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Markers from what a test needs and where it lives, so ``-m "not db"`` runs only the
+    tests that need no database and ``-m "not proof"`` leaves out the proof."""
+    for item in items:
+        if DATABASE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.db)
+        if PROOF in Path(item.path).parents:
+            item.add_marker(pytest.mark.proof)
 TEMPLATE_DB = f"ep_template_{os.getpid()}"
 
 

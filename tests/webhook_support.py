@@ -1,6 +1,6 @@
 """Helpers for webhook tests: sign sandbox events like the sandbox does, and the ``Signer`` that
-describes one provider to the shared suite (tests/test_webhooks_contract.py) - how a payload is
-signed into a request, forged or left unsigned, how one is built about a given message, and what
+describes one provider to the shared suite (integration/test_webhooks_contract.py) - how a payload
+is signed into a request, forged or left unsigned, how one is built about a given message, and what
 each of its fixtures must normalize to - plus the receiver, inbox and ingestion helpers every
 webhook test module uses.
 """
@@ -27,10 +27,11 @@ from email_platform.webhooks.ingest import IngestOutcome, WebhookIngestor
 from email_platform.webhooks.receiver import create_receiver_app
 from email_platform.webhooks.registry import WebhookProvider
 from email_platform.webhooks.standard import sign
+from tests.paths import WEBHOOK_FIXTURES
 
 SECRET = "whsec_" + "c2VjcmV0LWtleS1mb3ItdGVzdHMtb25seQ=="  # base64("secret-key-for-tests-only")
 SETTINGS = {"sandbox_webhook_secret": SECRET}
-FIXTURE_ROOT = Path(__file__).parent / "fixtures" / "webhooks"
+FIXTURE_ROOT = WEBHOOK_FIXTURES
 
 #: What is posted to the receiver: the body and the headers.
 Request = tuple[bytes, dict[str, str]]

@@ -4,6 +4,7 @@ from dagster import DefaultSensorStatus, RunFailureSensorContext, run_failure_se
 
 from email_platform import logs
 from email_platform.jobs import (
+    ingest_run_inbox_ids,
     ingest_webhooks_job,
     lane_worker_job,
     send_email_job,
@@ -34,9 +35,13 @@ def email_run_failure_sensor(context: RunFailureSensorContext, app_database: App
     with app_database.get_engine().begin() as connection:
         released = outbox.release_run(connection, run.run_id)
         inbox.release_run(connection, run.run_id)
-        # Events the run never claimed (it died before the claim) can be requested again now.
+        # Events and webhooks the run never claimed (it died before the claim) can be
+        # requested again now, not after the sensor's request timeout.
         outbox.make_requestable(
             connection, send_run_event_ids(run.run_config), max_requests=MAX_FAST_REREQUESTS
+        )
+        inbox.make_requestable(
+            connection, ingest_run_inbox_ids(run.run_config), max_requests=MAX_FAST_REREQUESTS
         )
     if released:
         context.log.warning(

@@ -146,6 +146,25 @@ def release_run(connection: Connection, run_id: str) -> int:
     ).rowcount
 
 
+def make_requestable(connection: Connection, inbox_ids: Sequence[int], max_requests: int) -> int:
+    """Pending webhooks of a run that died before claiming them: requestable again at once,
+    as ``outbox.make_requestable`` does for events (fewer than ``max_requests`` requests only,
+    so doomed runs do not loop tightly)."""
+    total = 0
+    ids = list(inbox_ids)
+    for start in range(0, len(ids), 500):
+        total += connection.execute(
+            update(inbox)
+            .where(
+                inbox.c.inbox_id.in_(ids[start : start + 500]),
+                inbox.c.status == PENDING,
+                inbox.c.request_count < max_requests,
+            )
+            .values(requested_at=None)
+        ).rowcount
+    return total
+
+
 def counts_by_status(connection: Connection) -> dict[str, int]:
     rows = connection.execute(select(inbox.c.status, func.count()).group_by(inbox.c.status)).all()
     return {status: n for status, n in rows}

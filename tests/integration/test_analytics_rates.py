@@ -1,0 +1,199 @@
+"""One definition of each rate: email_funnel_daily's, and every SQL file, the asset metadata,
+the chart, the questions and the demo's report give the same number over the same window.
+
+Uses the hand-checked fixture of ``test_analytics`` (every message on 2026-03-02).
+"""
+
+import inspect
+import math
+import re
+from datetime import date
+
+import duckdb
+import pytest
+
+from email_platform import warehouse
+from email_platform.assets import analytics
+from email_platform.warehouse import checks, refreshing, report
+from tests.integration.test_analytics import loaded  # noqa: F401 (the fixture, by name)
+
+# A rate as the SQL files write it: a count (or a sum of one) over a count, null on zero.
+RATE_SQL = re.compile(
+    r"^\s*(?:sum\((?P<sum_n>\w+)\)|(?P<n>\w+)) / nullif\((?:sum\((?P<sum_d>\w+)\)|(?P<d>\w+)), 0\)"
+    r" AS (?P<name>\w+_rate),?$"
+)
+
+
+def sql_files() -> dict[str, str]:
+    files = {f"{name}.sql": warehouse.model_sql(name) for name in warehouse.MODEL_NAMES}
+    files |= {f"questions/{n}.sql": warehouse.question_sql(n) for n in warehouse.question_names()}
+    assert len(files) > len(warehouse.MODEL_NAMES)
+    return files
+
+
+def defined_rates(sql: str) -> dict[str, tuple[str, str]]:
+    """Every ``... AS <name>_rate`` of a SQL file, as (numerator, denominator); a rate written
+    any other way fails."""
+    rates = {}
+    for line in sql.splitlines():
+        line = line.split("--")[0]  # comments may show how, they define nothing
+        if not re.search(r"\bAS \w+_rate\b", line):
+            continue
+        match = RATE_SQL.match(line)
+        assert match, f"a rate not written as a count over a count: {line.strip()}"
+        rates[match["name"]] = (match["n"] or match["sum_n"], match["d"] or match["sum_d"])
+    return rates
+
+
+def test_every_rate_any_sql_file_computes_is_the_daily_models_definition():
+    daily = defined_rates(warehouse.model_sql(warehouse.FUNNEL_DAILY))
+    # The model defines every rate the Python readers compute, and only those.
+    assert daily == {rate.name: (rate.numerator, rate.denominator) for rate in warehouse.RATES}
+    assert daily["open_rate"] == ("human_opened", "delivered")
+    assert daily["complaint_rate"] == ("complained", "delivered")
+    seen = set()
+    for name, sql in sql_files().items():
+        for rate, terms in defined_rates(sql).items():
+            assert terms == daily[rate], (name, rate)  # the same name never means another rate
+            seen.add(name)
+    assert "questions/rates_by_template_last_7_days.sql" in seen
+    assert "questions/welcome_open_rate_weekly.sql" in seen
+    assert "questions/welcome_open_rate_last_7_days.sql" in seen
+    assert {"questions/funnel_by_template.sql", "questions/bounce_rate_by_domain.sql"} <= seen
+    # Python computes no rate of its own: no division outside the one list of rates.
+    for module in (report, checks, refreshing, analytics):
+        assert "nullif" not in inspect.getsource(module), module.__name__
+
+
+def test_daily_rates_are_their_counts_over_their_counts(loaded):  # noqa: F811
+    _, path, _ = loaded
+    connection = warehouse.connect_read_only(path)
+    try:
+        cursor = connection.execute("SELECT * FROM email_funnel_daily")
+        names = [d[0] for d in cursor.description]
+        rows = [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
+    finally:
+        connection.close()
+    assert len(rows) == 5
+    for row in rows:
+        for rate in warehouse.RATES:
+            denominator = row[rate.denominator]
+            expected = row[rate.numerator] / denominator if denominator else None
+            assert row[rate.name] == expected, (row["template"], rate.name)
+
+
+def test_template_rates_over_the_window_agree_with_the_question_and_the_report(loaded):  # noqa: F811
+    """Two more welcome days: 2026-02-24 (the seventh day back, inside the window) and
+    2026-02-23 (outside). The metadata entries, the question file and the demo's report give
+    the same numbers; the day outside counts only for days=None."""
+    _, path, _ = loaded
+    writer = duckdb.connect(str(path))  # a doctored copy; no refresh runs here
+    try:
+        writer.execute(
+            "INSERT INTO email_funnel_daily BY NAME "
+            "SELECT day, 'welcome' AS template, 'transactional' AS lane, 'sandbox' AS provider, "
+            "messages, messages AS accepted, delivered, human_opened, 0 AS machine_opened, "
+            "0 AS clicked, 0 AS bounced, 0 AS hard_bounced, 0 AS complained, "
+            "0 AS unsubscribed FROM (VALUES (DATE '2026-02-24', 10, 9, 3), "
+            "(DATE '2026-02-23', 100, 100, 0)) AS t(day, messages, delivered, human_opened)"
+        )
+    finally:
+        writer.close()
+    rates = warehouse.template_rates(path)
+    assert (rates.days, rates.first_day, rates.last_day) == (7, date(2026, 2, 24), date(2026, 3, 2))
+    assert rates.window == (
+        "last 7 days, 2026-02-24 to 2026-03-02 (UTC, by the day each message was created)"
+    )
+    assert [row["template"] for row in rates.templates] == [
+        "password_reset",
+        "receipt",
+        "weekly_digest",
+        "welcome",
+    ]
+    welcome = rates.templates[3]
+    assert (welcome["messages"], welcome["delivered"], welcome["human_opened"]) == (12, 10, 4)
+    assert rates.rate("open_rate", "welcome") == 0.4
+    assert rates.rate("open_rate") == 5 / 12  # 1 + 3 + 1 human opens of 1 + 9 + 1 + 1 delivered
+    assert rates.rate("open_rate", "nobody") is None
+    with pytest.raises(ValueError, match="not a rate"):
+        rates.rate("opens")
+    every_day = warehouse.template_rates(path, days=None)
+    assert every_day.rate("open_rate", "welcome") == 4 / 110
+    assert every_day.first_day == date(2026, 2, 23) and every_day.suffix == "all"
+    assert warehouse.template_rates(path, days=1).rate("open_rate", "welcome") == 1.0
+
+    entries = rates.metadata_entries()
+    assert entries["welcome_open_rate_7d"] == 0.4 and entries["open_rate_7d"] == 5 / 12
+    assert entries["receipt_bounce_rate_7d"] == 1.0
+    assert entries["weekly_digest_complaint_rate_7d"] == 1.0
+    assert "password_reset_open_rate_7d" not in entries  # nothing delivered, no rate
+    assert set(entries) <= {
+        f"{prefix}{name}_7d"
+        for prefix in ("", "password_reset_", "receipt_", "welcome_", "weekly_digest_")
+        for name in warehouse.HEADLINE_RATES
+    }
+
+    answer = warehouse.run_question(path, "rates_by_template_last_7_days")
+    for row, expected in zip(
+        answer.to_dict("records"), [rates.overall, *rates.templates], strict=True
+    ):
+        for name in ("messages", "delivered", "human_opened", *warehouse.HEADLINE_RATES):
+            value = None if isinstance(row[name], float) and math.isnan(row[name]) else row[name]
+            assert value == expected[name], (expected["template"], name)
+
+    (welcome_answer,) = warehouse.run_question(path, "welcome_open_rate_last_7_days").to_dict(
+        "records"
+    )
+    assert (welcome_answer["first_day"].date(), welcome_answer["last_day"].date()) == (
+        rates.first_day,
+        rates.last_day,
+    )
+    assert welcome_answer["open_rate"] == entries["welcome_open_rate_7d"] == 0.4
+    assert welcome_answer["machine_open_rate"] == entries["welcome_machine_open_rate_7d"] == 0.1
+
+    report = warehouse.funnel_report(path)
+    assert report.welcome_open_rate == 0.4 and report.rows == rates.templates
+    assert "Welcome email human open rate: 40.0% (last 7 days;" in report.to_text()
+
+
+def test_the_report_of_some_events_counts_them_as_the_daily_model_does(loaded):  # noqa: F811
+    _, path, _ = loaded
+    every = warehouse.template_rates(path)
+    all_events = warehouse.template_rates(path, event_ids=["E1", "E2", "E3", "E4", "E5"])
+    assert all_events == every  # only the demo's events: the same numbers as the metadata
+    some = warehouse.template_rates(path, event_ids=["E1", "E4"])
+    assert [row["template"] for row in some.templates] == ["weekly_digest", "welcome"]
+    assert (some.overall["messages"], some.overall["delivered"], some.overall["complained"]) == (
+        2,
+        2,
+        1,
+    )
+    assert some.rate("open_rate") == 1.0 and some.rate("complaint_rate") == 0.5
+    assert warehouse.template_rates(path, event_ids=[]).overall["messages"] == 0
+    # Nothing of the temp tables the subset was counted in stays behind on a connection.
+    connection = warehouse.connect_read_only(path)
+    try:
+        warehouse.rates.rates_of(connection, event_ids=["E1"])
+        temps = connection.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_catalog = 'temp'"
+        ).fetchall()
+        assert temps == []
+        assert connection.execute("SELECT count(*) FROM email_funnel").fetchone()[0] == 5
+    finally:
+        connection.close()
+
+
+def test_the_chart_labels_each_step_with_its_rate(loaded):  # noqa: F811
+    _, path, _ = loaded
+    rates = warehouse.template_rates(path)
+    svg = warehouse.funnel_chart_svg(rates.templates, title="t")
+    # receipt: 1 message, accepted, delivered, not opened.
+    assert "0 (0.0% of delivered)" in svg and "1 (100.0% of accepted)" in svg
+    # password_reset: dead, never accepted: no delivery rate.
+    assert "0 (- of accepted)" in svg
+    table = warehouse.funnel_table_md(rates)
+    assert table.splitlines()[0].startswith("last 7 days, 2026-02-24 to 2026-03-02")
+    assert "open_rate = human_opened / delivered" in table.splitlines()[0]
+    assert table.splitlines()[-1] == (
+        "| **all** | 5 | 3 | 3 | 2 | 1 | 1 | 100.0% | 66.7% | 33.3% | 33.3% | 33.3% | 33.3% |"
+    )

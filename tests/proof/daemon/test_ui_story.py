@@ -1,0 +1,103 @@
+"""What the three users see, through a running webserver's GraphQL API on a real demo's data.
+
+One ``email-platform demo`` run (a real daemon, lane workers, webhooks, the analytics assets),
+then ``dagster-webserver`` on its instance: the data engineer's runs, the operator's dead-letter
+tag, and the analyst's welcome open rate, the same in the UI, in SQL and in the demo's output.
+"""
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from email_platform.local.webserver import WebserverProcess
+from tests.paths import ROOT
+
+# The analyst's question and where the UI plots its answer (warehouse.template_rates).
+WELCOME_QUESTION = "welcome_open_rate_last_7_days.sql"
+WELCOME_SQL_COLUMN = "open_rate"
+WELCOME_RATE_ASSET = "email_funnel_daily"
+WELCOME_RATE_KEY = "welcome_open_rate_7d"
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    home = tmp_path_factory.mktemp("demo")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EMAIL_PLATFORM_", "DAGSTER_"))}
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("email-platform")), "demo", "--home", str(home)],
+        cwd=home,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return home, done.stdout
+
+
+@pytest.fixture(scope="module")
+def webserver(demo: tuple[Path, str]) -> Iterator[WebserverProcess]:
+    home, _ = demo
+    with WebserverProcess(home / "dagster", env={"EMAIL_PLATFORM_HOME": str(home)}) as server:
+        assert server.wait_until_ready(180), (home / "dagster" / "webserver.log").read_text()
+        yield server
+
+
+def test_worker_runs_end_green_after_a_clean_stop_and_red_only_for_dead_letters(webserver):
+    workers = webserver.runs(job_name="lane_worker_job")
+    assert {run["tags"]["email/lane"] for run in workers} >= {"critical", "transactional", "bulk"}
+    for run in workers:
+        dead = int(run["tags"].get("email/dead_letters", "0"))
+        # Stopped by the demo: a success, unless it left dead letters for an operator.
+        assert run["status"] == ("FAILURE" if dead else "SUCCESS"), run
+        assert run["tags"].get("email/stop") == "requested"
+    tagged = [run for run in workers if "email/dead_letters" in run["tags"]]
+    # The demo's rejected addresses (seeded) leave dead letters; the tag finds their run.
+    assert sum(int(run["tags"]["email/dead_letters"]) for run in tagged) == 5
+
+
+def test_a_worker_run_logs_each_batch_and_why_it_ended(webserver):
+    critical = next(
+        run
+        for run in webserver.runs(job_name="lane_worker_job")
+        if run["tags"]["email/lane"] == "critical"
+    )
+    messages = webserver.run_log_messages(critical["runId"])
+    batches = [m for m in messages if re.match(r"batch \d+( \(retry \d+\))?: ", m)]
+    assert batches and all("provider calls" in m for m in batches), messages
+    assert re.search(r"events \w+\.\.\w+: claimed \d+, sent \d+", batches[0])
+    assert any(m.startswith("lane worker ended, stopped on request") for m in messages)
+
+
+def test_the_operator_finds_the_runs_holding_dead_letters_in_the_check(webserver):
+    (tagged,) = [
+        run
+        for run in webserver.runs(job_name="lane_worker_job")
+        if "email/dead_letters" in run["tags"]
+    ]
+    (check,) = [
+        c for c in webserver.asset_checks("stg_dead_letters") if c["name"] == "open_dead_letters"
+    ]
+    assert tagged["runId"] in str(check["metadata"]), check
+
+
+def test_the_welcome_open_rate_is_one_number_in_the_ui_in_sql_and_in_the_demo(demo, webserver):
+    home, stdout = demo
+    printed = float(re.search(r"Welcome email human open rate: ([\d.]+)%", stdout).group(1))
+    metadata = webserver.latest_asset_metadata(WELCOME_RATE_ASSET)
+    in_ui = metadata[WELCOME_RATE_KEY]
+    question = (ROOT / "analytics" / "questions" / WELCOME_QUESTION).read_text()
+    connection = duckdb.connect(str(home / "warehouse.duckdb"), read_only=True)
+    try:
+        frame = connection.execute(question).df()
+    finally:
+        connection.close()
+    in_sql = float(frame[WELCOME_SQL_COLUMN].iloc[0])
+    assert in_ui == pytest.approx(in_sql, abs=1e-6)  # metadata keeps six decimals
+    assert round(100 * in_sql, 1) == printed
