@@ -27,6 +27,23 @@ DATABASE_FIXTURES = frozenset(
 PROOF = Path(__file__).resolve().parent / "proof"
 
 
+def _in_proof(arg: str) -> bool:
+    path = Path(arg.split("::", 1)[0]).resolve()
+    return path == PROOF or PROOF in path.parents
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto`` (pyproject's addopts): two test processes per core for the developer's run,
+    whose tests mostly wait on servers and databases; one per core for the proof, whose daemons
+    and drains each keep most of a core busy (four on two cores more than doubled each one's
+    time, and a Celery drain ran out of its own). ``PYTEST_XDIST_AUTO_NUM_WORKERS`` wins."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own hook reads it
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
+    return cores if any(_in_proof(arg) for arg in config.args) else 2 * cores
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Markers from what a test needs and where it lives, so ``-m "not db"`` runs only the
     tests that need no database and ``-m "not proof"`` leaves out the proof."""
@@ -35,6 +52,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.db)
         if PROOF in Path(item.path).parents:
             item.add_marker(pytest.mark.proof)
+
+
 TEMPLATE_DB = f"ep_template_{os.getpid()}"
 
 
