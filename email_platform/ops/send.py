@@ -35,10 +35,10 @@ class SendBatchConfig(Config):
 def send_email_batch(
     context: OpExecutionContext,
     config: SendBatchConfig,
-    app_database: AppDatabase,
+    email_database: AppDatabase,
     email_provider: EmailProviderResource,
-    routing: RoutingResource,
-    lane_policy: LanePolicy,
+    email_routing: RoutingResource,
+    email_lanes: LanePolicy,
 ) -> dict:
     """Claim the batch's outbox events, render each mail and send it to the provider.
 
@@ -50,11 +50,11 @@ def send_email_batch(
     with retried_on_error(context):
         return send_batch(
             context,
-            lane=lane_policy.config_for(config.lane),
+            lane=email_lanes.config_for(config.lane),
             event_ids=config.event_ids,
-            app_database=app_database,
+            app_database=email_database,
             email_provider=email_provider,
-            routing=routing,
+            routing=email_routing,
         )
 
 

@@ -301,17 +301,17 @@ def make_outbox_sensor(lane: Lane) -> SensorDefinition:
         ),
     )
     def _outbox_sensor(
-        context: SensorEvaluationContext, app_database: AppDatabase, lane_policy: LanePolicy
+        context: SensorEvaluationContext, email_database: AppDatabase, email_lanes: LanePolicy
     ) -> SensorResult | SkipReason:
-        config = lane_policy.config_for(lane.value)
-        paused = paused_lane_reason(app_database, lane.value)
+        config = email_lanes.config_for(lane.value)
+        paused = paused_lane_reason(email_database, lane.value)
         if paused is not None:
             return SkipReason(paused)
         if config.workers > 0:
-            return keep_workers(context, app_database, config)
+            return keep_workers(context, email_database, config)
         now = utcnow()
         limit = config.batch_size * config.max_runs_per_tick
-        with app_database.get_engine().begin() as connection:
+        with email_database.get_engine().begin() as connection:
             holders = outbox.holders_past_lease(connection, lane.value, now)
             instance = instance_of(context)
             if holders:
