@@ -12,9 +12,10 @@ from email_platform.routes import RouteTable, default_routes
 class RoutingResource(ConfigurableResource):
     """Routes, templates and the recipient directory.
 
-    ``routes_factory`` is ``"package.module:function"`` returning a ``RouteTable`` (default: the
-    shipped routes); ``templates_dir`` a directory of ``<name>/v<n>/`` templates; the directory
-    settings say where routes that look the recipient up at send time find the address.
+    ``routes_factory`` is ``"package.module:ROUTES"`` naming a ``RouteTable``, or
+    ``"package.module:function"`` returning one (default: the shipped routes); ``templates_dir``
+    a directory of ``<name>/v<n>/`` templates; the directory settings say where routes that look
+    the recipient up at send time find the address.
     """
 
     routes_factory: str | None = None
@@ -31,7 +32,8 @@ class RoutingResource(ConfigurableResource):
             factory = getattr(importlib.import_module(module_name), attribute)
         except (ImportError, AttributeError) as exc:
             raise ConfigurationError(f"routes_factory {self.routes_factory!r}: {exc}") from None
-        table = factory()
+        # "pkg.module:ROUTES" names a table; "pkg.module:function" one that returns it.
+        table = factory if isinstance(factory, RouteTable) else factory()
         if not isinstance(table, RouteTable):
             raise ConfigurationError(f"{self.routes_factory} did not return a RouteTable")
         return table
