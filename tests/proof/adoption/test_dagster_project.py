@@ -105,8 +105,9 @@ result = job.execute_in_process(
     run_config=send_run_config("transactional", [sys.argv[1]]),
     instance=dg.DagsterInstance.ephemeral(),
 )
-keys = sorted(key.to_user_string() for key in repository.asset_graph.get_all_asset_keys())
-groups = sorted({repository.asset_graph.get(key).group_name for key in repository.asset_graph.get_all_asset_keys()})
+graph = repository.asset_graph
+keys = sorted(key.to_user_string() for key in graph.get_all_asset_keys())
+groups = sorted({graph.get(key).group_name for key in graph.get_all_asset_keys()})
 print(json.dumps({
     "success": result.success,
     "resources": sorted(repository.get_top_level_resources()),
@@ -229,9 +230,7 @@ def _checkout_metadata(tmp_path: Path) -> Path:
         shutil.copy(ROOT / name, source / name)
     target = tmp_path / "metadata"
     target.mkdir()
-    hook = (
-        "from setuptools import build_meta; print(build_meta.prepare_metadata_for_build_wheel(%r))"
-    )
+    hook = "from setuptools import build_meta as b; print(b.prepare_metadata_for_build_wheel(%r))"
     done = subprocess.run(
         [sys.executable, "-c", hook % str(target)],
         cwd=source,
