@@ -62,7 +62,7 @@ analytics_job = define_asset_job(
     minimum_interval_seconds=SENSOR_TICK_S,
     default_status=DefaultSensorStatus.RUNNING,
     description=(
-        "Refreshes the DuckDB warehouse (the analytics group and its checks) after new sends, "
+        "Refreshes the DuckDB warehouse (the email_platform assets, checks included) after sends, "
         "attempts, webhooks or dead-letter changes: at most once per the warehouse resource's "
         "refresh_interval_s (EMAIL_PLATFORM_ANALYTICS_REFRESH_S, default 60 s) while data keeps "
         f"coming, and at least every {HEARTBEAT_S // 60} minutes; once a day it rebuilds from "
