@@ -1179,7 +1179,7 @@ def test_sensor_requests_a_refresh_only_when_something_changed(engine, database_
 
     instance.add_run(
         DagsterRun(
-            job_name="__ASSET_JOB",
+            job_name="email_analytics_job",
             run_id="f" * 36,
             tags=reconcile.tags,
             status=DagsterRunStatus.FAILURE,
