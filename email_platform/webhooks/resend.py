@@ -39,6 +39,8 @@ email.clicked            clicked       ``click.link``, ``click.userAgent``,
                                        ``click.ipAddress``
 email.failed             failed        ``failed.reason``
 email.suppressed         rejected      Resend did not send: the address is on its list
+                                       (so is an email.bounced whose message says
+                                       "Resend has suppressed sending ...")
 anything else            unknown       contact.*, domain.*, email.received, ...
 =======================  ============  ===============================================
 
@@ -84,6 +86,9 @@ EVENT_TYPES = {
 
 #: ``data.bounce.type`` -> hard or soft.
 BOUNCE_TYPES = {"permanent": "hard", "transient": "soft", "undetermined": "soft"}
+
+#: How Resend's ``email.bounced`` for an address on its suppression list begins its message.
+SUPPRESSED_MESSAGE = "Resend has suppressed sending to this address"
 
 _HEADER_NAMES = ("id", "timestamp", "signature")
 
@@ -140,6 +145,10 @@ def _event(payload: dict[str, Any], kind: str, data: dict[str, Any]) -> Normaliz
         bounce = as_object(data.get("bounce"))
         bounce_type = BOUNCE_TYPES.get(str(bounce.get("type") or "permanent").lower(), "soft")
         reason = _reason(bounce.get("type"), bounce.get("subType"), bounce.get("message"))
+        if _suppressed_not_sent(bounce):
+            # Resend never tried: the address was already on its suppression list. As
+            # email.suppressed: rejected, not a bounce of this message.
+            event_type, bounce_type = "rejected", None
     elif event_type == "failed":
         reason = _reason(None, None, as_object(data.get("failed")).get("reason"))
     elif event_type == "rejected":
@@ -172,6 +181,14 @@ def _event(payload: dict[str, Any], kind: str, data: dict[str, Any]) -> Normaliz
         machine_open=machine,
         raw=payload,
     )
+
+
+def _suppressed_not_sent(bounce: dict[str, Any]) -> bool:
+    """An ``email.bounced`` Resend sent for an address on its own account's suppression list
+    (before it had ``email.suppressed``; as received: no type, only the message "Resend has
+    suppressed sending to this address ..."). SES's ``subType`` ``Suppressed`` is not this: it
+    is a recent hard bounce of the address, a hard bounce here too."""
+    return str(bounce.get("message") or "").startswith(SUPPRESSED_MESSAGE)
 
 
 def _tags(value: object) -> dict[str, str]:
