@@ -289,6 +289,19 @@ EXPECTED: dict[tuple[str, str], list[Meaning]] = {
             "0000014644fe5ef6-9a483358-9170-4cb4-a269-f5dcdf415321-000000",
         )
     ],
+    ("ses", "delivery_delay"): [
+        Meaning("deferred", "recipient@example.com", f"EXAMPLE{SES_ID}", why="SES still trying")
+    ],
+    ("ses", "subscription"): [
+        Meaning(
+            "unsubscribed",
+            "recipient@example.com",
+            "EXAMPLEe4bccb684-777bc8de-afa7-4970-92b0-f515137b1497-000000",
+            None,
+            "unsubscribe",
+            "unsubscribeAll via the List-Unsubscribe header",
+        )
+    ],
     ("ses", "send"): [Meaning("sent", "recipient@example.com", SES_ID)],
     ("ses", "reject"): [Meaning("rejected", "recipient@example.com", SES_ID, why="virus")],
     ("ses", "open"): [Meaning("opened", "recipient@example.com", SES_ID)],
