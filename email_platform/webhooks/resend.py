@@ -44,7 +44,8 @@ email.suppressed         rejected      Resend did not send: the address is on it
 anything else            unknown       contact.*, domain.*, email.received, ...
 =======================  ============  ===============================================
 
-Linking back: ``data.email_id`` is the provider message id the send adapter stored. The adapter
+Linking back: ``data.email_id`` is the provider message id the send adapter stored (not on
+``email.received``: that id names an inbound email). The adapter
 (``email_platform.providers.resend``) sends ``event_id`` and ``idempotency_key`` as tags whose
 values pass through ``tag_value``, which replaces every character outside ``[A-Za-z0-9_-]`` by
 ``_`` and cuts at 256. A tag value is therefore read back only when it is exactly recoverable -
@@ -83,6 +84,9 @@ EVENT_TYPES = {
     "email.failed": "failed",
     "email.suppressed": "rejected",
 }
+
+#: Events about mail Resend received for us (inbound), not about mail we sent.
+INBOUND_TYPES = frozenset({"email.received"})
 
 #: ``data.bounce.type`` -> hard or soft.
 BOUNCE_TYPES = {"permanent": "hard", "transient": "soft", "undetermined": "soft"}
@@ -172,7 +176,8 @@ def _event(payload: dict[str, Any], kind: str, data: dict[str, Any]) -> Normaliz
         recipient=_recipient(data.get("to")),
         event_id=recoverable(tags.get("event_id"), 26),
         idempotency_key=recoverable(tags.get("idempotency_key"), 255),
-        provider_message_id=stripped_text(data.get("email_id")),
+        # An inbound email's id names a message Resend received, never one we sent.
+        provider_message_id=None if kind in INBOUND_TYPES else stripped_text(data.get("email_id")),
         reject_reason=reason,
         bounce_type=bounce_type,
         click_url=stripped_text(click.get("link")) if event_type == "clicked" else None,

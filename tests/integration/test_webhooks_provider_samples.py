@@ -58,6 +58,8 @@ SG_ID = "wrfRRvF7Q0GgwUo2CvDmEA"
 RS_ID = "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
 SES_ID = "7c191be45-e9aedb9a-02f9-4d12-a87d-dd0099a07f8a-000000"
 DOCS = "example@test.com"
+DOCS_RS = "delivered@resend.dev"
+DOCS_RS_ID = "56761188-7520-42d8-8898-ff6fc54ce618"
 
 #: (provider, sample file) -> one meaning per event in it, in order.
 EXPECTED: dict[tuple[str, str], list[Meaning]] = {
@@ -252,6 +254,25 @@ EXPECTED: dict[tuple[str, str], list[Meaning]] = {
     ],
     ("resend", "opened"): [Meaning("opened", "to@example.org", RS_ID)],
     ("resend", "clicked"): [Meaning("clicked", "to@example.org", RS_ID)],
+    # Resend's documentation examples, one per documented email.* type.
+    **{
+        ("resend", f"docs_{kind}"): [Meaning(event_type, DOCS_RS, DOCS_RS_ID, *more)]
+        for kind, event_type, *more in [
+            # subType Suppressed: SES's list of addresses with recent hard bounces - a bounce.
+            ("bounced", "bounced", "hard", "hard_bounce"),
+            ("clicked", "clicked"),
+            ("complained", "complained", None, "complaint"),
+            ("delivered", "delivered"),
+            ("delivery_delayed", "deferred"),
+            ("failed", "failed"),  # reached_daily_quota: Resend did not send
+            ("opened", "opened"),
+            ("scheduled", "queued"),
+            ("sent", "sent"),
+            ("suppressed", "rejected"),  # OnAccountSuppressionList: never sent
+        ]
+    },
+    # Inbound mail: nothing we sent, and its email_id names no message of ours.
+    ("resend", "docs_received"): [Meaning("unknown", DOCS_RS, None)],
     # --- SES (via SNS) -----------------------------------------------------------------------
     ("ses", "bounce"): [
         Meaning(
