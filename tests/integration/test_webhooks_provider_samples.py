@@ -230,6 +230,17 @@ EXPECTED: dict[tuple[str, str], list[Meaning]] = {
         Meaning("opened", "recipient@example.com", "20180812213139.1.BC6694A917BB7E6A@example.org")
     ],
     ("mailgun", "clicked"): [Meaning("clicked", "recipient@example.com", None)],
+    ("mailgun", "delivery_status_is_none"): [Meaning("queued", None, None)],
+    # Mailgun dropped it: the address bounced before (code 605) - suppressed as the bounce.
+    ("mailgun", "test_webhook_permanent_fail"): [
+        Meaning(
+            "bounced",
+            "alice@example.com",
+            "20130503192659.13651.20287@sandbox.mgsend.net",
+            "hard",
+            "hard_bounce",
+        )
+    ],
     # --- Resend ------------------------------------------------------------------------------
     ("resend", "sent"): [Meaning("sent", "to@example.org", RS_ID)],
     ("resend", "delivered"): [Meaning("delivered", "to@example.org", RS_ID)],
@@ -354,7 +365,9 @@ def test_every_sample_file_has_an_expectation_and_a_source() -> None:
     }
     assert on_disk == set(EXPECTED)
     for provider, name in on_disk:
-        assert f"`{name}.json`: http" in (SAMPLES / provider / "README.md").read_text()
+        readme = (SAMPLES / provider / "README.md").read_text().splitlines()
+        (line,) = [line for line in readme if line.startswith(f"- `{name}.json`: ")]
+        assert "https://" in line, f"{provider}/{name}.json names no source"
 
 
 @pytest.mark.parametrize(
