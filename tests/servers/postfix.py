@@ -145,7 +145,6 @@ class Postfix:
     def port(self, listener: str) -> int:
         return self.ports[listener]
 
-
     def queue_empty(self) -> bool:
         queue = self.root / "queue"
         return not any(any(files) for d in _QUEUES for _, _, files in os.walk(queue / d))
@@ -181,7 +180,9 @@ class Postfix:
 
     def log_tail(self, lines: int = 30) -> str:
         log = self.root / "maillog"
-        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
+        return (
+            "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
+        )
 
     def stop(self) -> None:
         if self.started:
