@@ -11,8 +11,9 @@ words. So:
   space, so unfolding gives the value back exactly) or not at all; a word longer than a line
   stays whole, up to RFC 5322's 998 characters;
 - ``Subject``, display names and custom headers holding non-ASCII text become encoded words
-  built here, ``=?utf-8?q?…?=``, each within 75 characters, split only between code points, with every space inside a word: the whitespace
-  between two encoded words is dropped by decoders, so nothing is lost;
+  built here, ``=?utf-8?q?…?=``, each within 75 characters, split only between code points,
+  with every space inside a word: decoders drop the whitespace between two encoded words, so
+  nothing is lost;
 - headers that carry identifiers or URLs (``X-Email-*``, ``List-*``, ``Message-ID``...) are never
   encoded words; non-ASCII there can only travel as UTF-8 (RFC 6532), so it needs SMTPUTF8;
 - domains are written as A-labels (IDNA: ``bücher.example.com`` -> ``xn--bcher-kva.example.com``)
