@@ -22,6 +22,7 @@ Postfix must run as root (it drops to its ``postfix`` user); anything missing fa
 session with the reason, it never skips.
 """
 
+import email.policy
 import mailbox
 import os
 import pwd
@@ -31,7 +32,8 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
-from email.message import Message
+from email import message_from_bytes
+from email.message import EmailMessage
 from pathlib import Path
 
 from tests.provider_stubs.smtp import self_signed_certificate
@@ -149,7 +151,7 @@ class Postfix:
         queue = self.root / "queue"
         return not any(any(files) for d in _QUEUES for _, _, files in os.walk(queue / d))
 
-    def messages(self, address: str) -> list[tuple[bytes, Message]]:
+    def messages(self, address: str) -> list[tuple[bytes, EmailMessage]]:
         """What is in ``address``'s Maildir: each message's raw bytes and its parse."""
         path = self.root / "mail" / "inbox"
         if not all((path / sub).is_dir() for sub in ("new", "cur", "tmp")):
@@ -157,14 +159,16 @@ class Postfix:
         box = mailbox.Maildir(path, create=False)
         found = []
         for key in sorted(box.keys()):
-            message = box[key]
+            raw = box.get_bytes(key)
+            # The modern parser reads UTF-8 headers (an SMTPUTF8 recipient) as text.
+            message = message_from_bytes(raw, policy=email.policy.default)
             if str(message["Delivered-To"]).lower() == address.lower():
-                found.append((box.get_bytes(key), message))
+                found.append((raw, message))
         return found
 
     def wait_delivered(
         self, address: str, count: int = 1, timeout_s: float = 20.0
-    ) -> list[tuple[bytes, Message]]:
+    ) -> list[tuple[bytes, EmailMessage]]:
         """Waits until ``address`` holds ``count`` messages and the queue is empty (so nothing
         more is on its way), then returns them; fails with the mail log's tail."""
         deadline = time.monotonic() + timeout_s
