@@ -8,12 +8,21 @@ default; ``required``: refuse a server that does not; ``false``), ``SSL`` (impli
 ``ALLOW_PLAINTEXT_AUTH`` (default false: credentials are never sent over an unencrypted
 connection unless this says so) and ``LOCAL_HOSTNAME`` (the EHLO name).
 
-The message is built with the standard library's ``EmailMessage``: ``From``, ``To``,
-``Subject``, ``Date``, ``Message-ID``, ``X-Email-Event-Id``, ``X-Email-Idempotency-Key``, the
-route's custom headers, and a ``multipart/alternative`` body with the text and HTML parts.
-Any header value (subject, display name, custom header) holding CR or LF is refused before a
-connection is opened (``PermanentError``, code ``header_injection``); the standard library would
-refuse it too. The envelope is given explicitly, so no header can add a recipient.
+The message (``smtp_message.py``): ``From``, ``To``, ``Subject``, ``Date``, ``Message-ID``,
+``X-Email-Event-Id``, ``X-Email-Idempotency-Key``, the route's custom headers, and a
+``multipart/alternative`` body with the text and HTML parts. The headers are written by the
+adapter, not the standard library's folder: ASCII values folded at whitespace only, so
+``List-Unsubscribe`` and the ``X-Email-*`` headers arrive byte for byte and never as encoded
+words; non-ASCII text as encoded words that decode exactly; domains as IDNA A-labels. Any
+header value (subject, display name, custom header) holding CR or LF is refused before a
+connection is opened (``PermanentError``, code ``header_injection``). The envelope is given
+explicitly, so no header can add a recipient.
+
+What the server offered decides the transaction: ``BODY=8BITMIME`` and 8-bit parts where it
+offers 8BITMIME, quoted-printable where it does not; ``SMTPUTF8`` where an address has a
+non-ASCII local part (or an ``X-Email-*`` value is non-ASCII) and the server offers it, a
+permanent ``smtp_smtputf8_unavailable`` naming the cause, before ``MAIL FROM``, where it does
+not.
 
 Metadata and idempotency: SMTP has no metadata field and no idempotency guarantee. The event id
 and idempotency key (and the publisher's trace and correlation ids, when set) travel as the
@@ -33,10 +42,13 @@ credentials are fixed; 454 (temporary authentication failure) stays transient.
 
 Connections: ``smtplib.SMTP`` is not thread-safe, so each connection is used by one thread at a
 time, drawn from a small pool of idle connections (at most ``max_connections``) and put back
-after a clean transaction. A connection is reused across messages and across the short-lived
-thread pools of a run's attempts, and all are closed (``QUIT``) by ``close()``. A reused
-connection that the server has dropped while idle is detected at ``MAIL FROM`` (before anything
-could have been accepted) and replaced once, transparently.
+after a transaction. Any failed transaction is aborted before the connection is pooled again
+(``RSET`` after a refusal or an error before a command went out; the connection closed after a
+socket error or a failure mid-``DATA``, whose state is unknown), so one failure never costs the
+next message a ``503 nested MAIL command``. A connection is reused across messages and across
+the short-lived thread pools of a run's attempts, and all are closed (``QUIT``) by
+``close()``. A reused connection that the server has dropped while idle is detected at ``MAIL
+FROM`` (before anything could have been accepted) and replaced once, transparently.
 """
 
 import re
