@@ -284,6 +284,27 @@ def test_a_non_ascii_local_part_without_smtputf8_is_a_named_permanent_error(
     assert postfix.messages(to) == []
 
 
+def test_a_non_ascii_idempotency_key_goes_as_utf8_never_as_an_encoded_word(
+    postfix: Postfix, mail_options: list[list[str]]
+) -> None:
+    email = outgoing(idempotency_key="commande-été:welcome")
+    provider, legacy = smtp(postfix), smtp(postfix, "legacy")
+    try:
+        provider.send(email)
+        with pytest.raises(PermanentError) as refused:
+            legacy.send(outgoing(idempotency_key="commande-été:welcome"))
+    finally:
+        provider.close()
+        legacy.close()
+    ((raw, _),) = postfix.wait_delivered(email.to)
+    assert "SMTPUTF8" in mail_options[0]
+    headers = raw_headers(raw)
+    assert headers["x-email-idempotency-key"] == "commande-été:welcome".encode()
+    assert headers["message-id"] == b"<commande-=C3=A9t=C3=A9=3Awelcome@example.com>"
+    assert refused.value.code == "smtp_smtputf8_unavailable"
+    assert "X-Email-Idempotency-Key" in str(refused.value)
+
+
 def test_an_idna_domain_goes_as_a_labels_in_envelope_and_headers(postfix: Postfix) -> None:
     local = address("jane", "bücher.example.com").split("@")[0]
     # No SMTPUTF8 needed: the legacy listener takes it.
