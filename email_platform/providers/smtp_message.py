@@ -47,6 +47,8 @@ _Q_LITERAL = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123
 #: Headers holding identifiers or URLs, read by machines that do not decode encoded words.
 _NEVER_ENCODED = ("x-email-", "list-", "message-id", "in-reply-to", "references")
 _PIECE = re.compile(r"[ \t]*[^ \t]+[ \t]*$|[ \t]*[^ \t]+|[ \t]+$")
+_UTF8_ATOM = r"(?:[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]|[^\x00-\x7f])+"
+_UTF8_DOT_ATOM = re.compile(rf"{_UTF8_ATOM}(?:\.{_UTF8_ATOM})*")
 _ATOM_TEXT = re.compile(r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~ -]*")
 
 
@@ -68,14 +70,22 @@ def wire_address(address: str, role: str) -> tuple[str, str | None]:
                 f"name ({exc})",
                 code="invalid_address",
             ) from exc
-    try:
-        spec = Address(username=local, domain=domain).addr_spec
-    except (ValueError, IndexError, HeaderParseError) as exc:
-        raise PermanentError(f"unusable address: {exc}", code="invalid_address") from exc
+    # Python's address parser refuses a non-ASCII local part (RFC 6531 allows it): that one is
+    # checked as a dot-atom here and the parser sees an ASCII stand-in for it.
     utf8 = None
     if not local.isascii():
+        if not _UTF8_DOT_ATOM.fullmatch(local):
+            raise PermanentError(
+                f"{role} {address!r}: the local part is not a valid address", code="invalid_address"
+            )
         utf8 = f"{role} {address!r} has a non-ASCII local part"
-    return spec, utf8
+    try:
+        parsed = Address(addr_spec=f"{local if utf8 is None else 'x'}@{domain}")
+    except (ValueError, IndexError, HeaderParseError) as exc:
+        raise PermanentError(
+            f"{role} {address!r} is not a usable address: {exc}", code="invalid_address"
+        ) from exc
+    return (parsed.addr_spec if utf8 is None else f"{local}@{domain}"), utf8
 
 
 def encoded_words(text: str, first_budget: int) -> list[str]:

@@ -7,10 +7,18 @@ from email import message_from_bytes
 from email import policy as email_policy
 from email.header import decode_header, make_header
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from email_platform.providers.smtp_message import LINE_MUST, LINE_SHOULD, fold, unstructured
+from email_platform.errors import PermanentError
+from email_platform.providers.smtp_message import (
+    LINE_MUST,
+    LINE_SHOULD,
+    fold,
+    unstructured,
+    wire_address,
+)
 
 # Text a header may hold (header_problem refuses control characters and line separators).
 _TEXT = st.text(
@@ -49,3 +57,30 @@ def test_ascii_values_are_folded_at_whitespace_only(text: str) -> None:
         # Over 78 characters only where one word alone is: nowhere to fold.
         assert len(each) <= LINE_SHOULD or len(words) <= 1, lines
     assert fold("X-Long", "x" * LINE_MUST) is None
+
+
+@pytest.mark.parametrize(
+    ("address", "wire", "needs_smtputf8"),
+    [
+        ("jane@example.com", "jane@example.com", False),
+        ("jane@bücher.example.com", "jane@xn--bcher-kva.example.com", False),
+        ("jösé@bücher.example.com", "jösé@xn--bcher-kva.example.com", True),
+        ('"john doe"@example.com', '"john doe"@example.com', False),
+    ],
+)
+def test_addresses_go_out_with_a_label_domains(
+    address: str, wire: str, needs_smtputf8: bool
+) -> None:
+    spec, utf8 = wire_address(address, "recipient")
+    assert spec == wire
+    assert (utf8 is not None) == needs_smtputf8
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["Jane <jane@example.com>", "a@b@c", "jane@", "jö sé@example.com", "jane@xn--.ü.example"],
+)
+def test_an_unusable_address_is_a_named_permanent_error(address: str) -> None:
+    with pytest.raises(PermanentError) as refused:
+        wire_address(address, "recipient")
+    assert refused.value.code == "invalid_address" and address in str(refused.value)
