@@ -390,19 +390,23 @@ def test_an_exception_mid_transaction_costs_only_its_own_message(
     assert postfix.messages(first.to) == [] and postfix.messages(second.to) == []
 
 
-def test_send_job_dead_letters_the_refused_recipient_and_delivers_the_next_once(
+def test_send_job_dead_letters_the_refused_recipient_and_delivers_the_others_once(
     engine: Any, database_url: str, postfix: Postfix
 ) -> None:
     refused_to, good_to = address("unknown"), address("jane")
+    idn_to = address("jane", "bücher.example.com")
     refused = signup(engine, f"pf-{next(_serial)}", email=refused_to)
     good = signup(engine, f"pf-{next(_serial)}", email=good_to)
+    idn = signup(engine, f"pf-{next(_serial)}", email=idn_to)
     resource = EmailProviderResource(
         provider="smtp",
         base_url=f"smtp://127.0.0.1:{postfix.port('plain')}",
         timeout_s=10.0,
         options_json=json.dumps({"starttls": "false"}),
     )
-    result = run_send(database_url, "unused", "transactional", [refused, good], provider=resource)
+    result = run_send(
+        database_url, "unused", "transactional", [refused, good, idn], provider=resource
+    )
     assert not result.success  # the 550 fails the run once every outcome is recorded
     ((raw, _),) = postfix.wait_delivered(good_to)
     (message,) = messages_of(engine, good)
@@ -412,6 +416,9 @@ def test_send_job_dead_letters_the_refused_recipient_and_delivers_the_next_once(
     assert (letter.reason, letter.error_code) == ("provider_rejected", "smtp_550")
     assert "User unknown" in letter.last_error and refused_to in letter.last_error
     assert postfix.messages(refused_to) == []
+    # publish() takes an internationalized domain: it is delivered (A-labels), not dead-lettered.
+    postfix.wait_delivered(idn_to.replace("bücher", "xn--bcher-kva"))
+    assert messages_of(engine, idn)[0].status == "sent"
 
 
 # ---- TLS and AUTH ------------------------------------------------------------------------------
