@@ -51,7 +51,7 @@ RENDERER = TemplateRenderer()
 SENDER = "Example <no-reply@example.com>"
 ADAPTERS = ("sandbox", "postmark", "sendgrid", "mailgun", "resend", "ses", "smtp")
 #: Adapters whose IDN handling is being fixed on other branches (see the module docstring).
-IDN_PENDING = frozenset({"smtp", "ses"})
+IDN_PENDING = frozenset({"ses"})
 
 ASCII_DOMAINS = ["example.com", "mail.example.org", "xn--bcher-kva.de", "a-b.co.uk"]
 IDN_DOMAINS = ["bücher.de", "例え.jp", "münchen.de", "παράδειγμα.gr"]
