@@ -26,7 +26,7 @@ from email_platform import config, logs
 from email_platform.lanes import LANES, STOP_TAG, LaneConfig, outbox_sensor_name
 from email_platform.ops.reporting import WorkerReporter
 from email_platform.ops.retry import STEP_RETRY_POLICY
-from email_platform.ops.send import (
+from email_platform.ops.send_step import (
     finish_with_dead_letters,
     make_sender,
     open_provider,

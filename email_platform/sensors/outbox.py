@@ -30,7 +30,12 @@ from email_platform.jobs import (
 )
 from email_platform.lanes import DEFAULT_LANE_CONFIGS, LANES, Lane, LaneConfig, outbox_sensor_name
 from email_platform.resources import AppDatabase, LanePolicy
-from email_platform.sensors.runs import instance_of, warm_workers_held, whole_batches
+from email_platform.sensors.runs import (
+    UNFINISHED_RUN_STATUSES,
+    instance_of,
+    warm_workers_held,
+    whole_batches,
+)
 from email_platform.store import lane_pauses, lane_workers, outbox
 from email_platform.timeutil import as_utc, utcnow
 
@@ -78,13 +83,6 @@ def plan_run_requests(
     return requests
 
 
-#: Worker runs that have not finished (a queued one counts: it will start).
-UNFINISHED_RUN_STATUSES = [
-    DagsterRunStatus.QUEUED,
-    DagsterRunStatus.NOT_STARTED,
-    DagsterRunStatus.STARTING,
-    DagsterRunStatus.STARTED,
-]
 #: Most of a worker's lifetime after which the sensor starts its successor, so the lane is
 #: never without one while the old worker finishes.
 HANDOVER_S = 60.0

@@ -570,15 +570,15 @@ def test_a_refresh_that_fails_half_way_leaves_nothing_half_done(engine, tmp_path
     generate(engine, messages=300, days=1, end=now - timedelta(hours=1))
     warehouse.refresh(engine, path)
     batch = generate(engine, messages=50, days=0.005, end=now, seed=9, late_events_for_existing=20)
-    build = refreshing._build_models
+    build = refreshing.build_models
 
     def fail_after_the_loads(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise RuntimeError("killed during the build")
 
-    monkeypatch.setattr(refreshing, "_build_models", fail_after_the_loads)
+    monkeypatch.setattr(refreshing, "build_models", fail_after_the_loads)
     with pytest.raises(RuntimeError, match="killed during the build"):
         warehouse.refresh(engine, path)
-    monkeypatch.setattr(refreshing, "_build_models", build)
+    monkeypatch.setattr(refreshing, "build_models", build)
     retry = warehouse.refresh(engine, path)
     assert retry.rows_loaded["email_messages"] == 50 + batch.statuses_raised
     assert not retry.full_build
@@ -803,7 +803,7 @@ def test_deleted_rows_are_compacted_after_publishing_once_they_add_up(
 
 def test_strings_are_written_without_fsst(engine, tmp_path):
     """The writer leaves FSST out (a quarter of the cost of inserting new rows; see
-    warehouse.files._connect). At this size DuckDB picks it for event ids when allowed."""
+    warehouse.files.connect). At this size DuckDB picks it for event ids when allowed."""
     from bench.generate import generate
 
     generate(engine, messages=2000, days=1, end=datetime.now(UTC) - timedelta(hours=1))
