@@ -109,6 +109,9 @@ PERMANENT_CODES = frozenset(
 
 _HEADER_NAME = re.compile(r"^[!-9;-~]{1,126}$")  # printable ASCII but ":" (SES MessageHeaderName)
 _HEADER_VALUE = re.compile(r"^[ -~]{1,995}$")  # printable ASCII (SES MessageHeaderValue)
+_XML_CODE = re.compile(
+    r"<Code>(?P<code>[A-Za-z0-9.]{1,100})</Code>(?:<Message>(?P<message>[^<]*))?"
+)
 MAX_HEADERS = 15  # SES MessageHeaderList: at most 15 headers a message
 
 
@@ -130,6 +133,12 @@ def error_code_of(response: httpx.Response) -> tuple[str | None, str]:
     )
     code = str(raw).split(":", 1)[0].rsplit("#", 1)[-1].strip() if raw else None
     message = body.get("message") or body.get("Message")
+    if not raw and not body:
+        # An XML ``<ErrorResponse>`` (the query protocol's form, which moto's IAM checks
+        # answer with): its ``<Code>`` still names the cause in the dead letter.
+        xml = _XML_CODE.search(response.text)
+        if xml:
+            code, message = xml["code"], xml["message"] or response.text[:300]
     if message is None:
         message = response.text[:300] if not body else json.dumps(body)[:300]
     return code or None, str(message)
