@@ -96,6 +96,19 @@ MESSAGES = {
         headers={"X-Email-Event-Id": EVENT_ID},
         correlation_id="c" * 81,  # over Postmark's 80-character metadata value: left out there
     ),
+    "a long idempotency key": OutgoingEmail(
+        message_id=10,
+        event_id=EVENT_ID,
+        idempotency_key="order-" + "7" * 120,
+        sender=f"no-reply@{DOMAIN}",
+        to="jane@example.com",
+        subject="Order confirmed",
+        text="Thanks",
+        html=None,
+        template="order_confirmation",
+        lane="transactional",
+        headers={"X-Email-Event-Id": EVENT_ID},
+    ),
 }
 
 
@@ -333,6 +346,11 @@ ALLOWED: dict[str, list[tuple[str, str, Callable[[OutgoingEmail], bool]]]] = {
             "the SDK's model always writes an empty Attachments list; Postmark reads a missing "
             "one as none, and we send no attachments",
             lambda email: True,
+        ),
+        (
+            "body Metadata.idempotency_key",
+            "the same 80-character cap, for a key over it (publish() accepts 200)",
+            lambda email: len(email.idempotency_key) > 80,
         ),
         (
             "body Metadata.correlation_id",
