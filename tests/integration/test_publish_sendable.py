@@ -276,7 +276,7 @@ def test_whatever_publish_accepts_each_adapter_sends_or_names_the_cause(
 def _idn_case(name: str) -> Any:
     marks = []
     if name in IDN_PENDING:
-        marks.append(pytest.mark.xfail(strict=True, reason="IDN handling pending on another branch"))
+        marks.append(pytest.mark.xfail(strict=True, reason="IDN pending elsewhere"))
     return pytest.param(name, marks=marks, id=name)
 
 
