@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from email.utils import parseaddr
 from typing import Protocol, runtime_checkable
+from urllib.parse import quote
 
 from email_platform.errors import DeliveryError, PermanentError
 from email_platform.headers import unsafe_header_reason
@@ -155,6 +156,19 @@ class RateLimiter:
             slot = max(self._next_slot, now)
             self._next_slot = slot + count / self.per_second
         return slot - now
+
+
+#: Visible ASCII but ``%``: what a key keeps as it is in an ``Idempotency-Key`` header.
+_KEY_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
+
+
+def idempotency_header(key: str) -> str:
+    """``key`` as an ``Idempotency-Key`` header value: unchanged when it is ASCII; otherwise its
+    UTF-8 percent-encoded (an HTTP header carries ASCII, and httpx refuses anything else). The
+    same key gives the same value on every attempt, so the provider's deduplication holds."""
+    if key.isascii():
+        return key
+    return quote(key, safe=_KEY_SAFE + " ")
 
 
 def header_problem(email: OutgoingEmail) -> PermanentError | None:

@@ -6,7 +6,8 @@ https://postmarkapp.com/developer/api/overview. The request is JSON with the hea
 ``X-Postmark-Server-Token: <server token>``; the body carries ``From``, ``To``, ``Subject``,
 ``TextBody``, ``HtmlBody``, ``Headers`` (a list of ``{"Name", "Value"}``), ``Tag`` (the
 template), ``Metadata`` (``event_id`` and ``idempotency_key``, read back by the webhook
-normalizer, and the publisher's ``trace_id`` and ``correlation_id`` when set) and
+normalizer, and the publisher's ``trace_id`` and ``correlation_id`` when set; a value over
+Postmark's 80-character limit is left out) and
 ``MessageStream`` (option ``message_stream``, default ``"outbound"``; the bulk lane uses option
 ``bulk_message_stream`` when it is set, e.g. a broadcast stream).
 
@@ -101,13 +102,15 @@ class PostmarkProvider(HttpProvider):
             body["HtmlBody"] = email.html
         body["Headers"] = [{"Name": name, "Value": value} for name, value in email.headers.items()]
         body["Tag"] = email.template
-        body["Metadata"] = {
+        metadata = {
             "event_id": email.event_id,
             "idempotency_key": email.idempotency_key,
-            # Postmark's metadata FAQ caps a value at 80 characters: a longer correlation id
-            # is left out rather than have the message refused.
-            **{k: v for k, v in trace_metadata(email).items() if len(v) <= METADATA_VALUE_MAX},
+            **trace_metadata(email),
         }
+        # Postmark's metadata FAQ caps a value at 80 characters: a longer key or correlation id
+        # is left out rather than have the message refused. The event id (a ULID) always fits,
+        # and webhooks still match on it and on the MessageID.
+        body["Metadata"] = {k: v for k, v in metadata.items() if len(v) <= METADATA_VALUE_MAX}
         body["MessageStream"] = self.stream_for(email)
         # No idempotency header: Postmark does not offer one (see the module docstring).
         return ProviderRequest("POST", "/email", json=body)

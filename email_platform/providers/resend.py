@@ -12,8 +12,9 @@ carries ``from``, ``to`` (a list), ``subject``, ``text``, ``html``, ``headers`` 
 Resend tag names and values may hold only ASCII letters, digits, ``_`` and ``-`` (at most 256
 characters), so every other character is replaced by ``_`` (:func:`tag_value`): an event id
 (a ULID) is unchanged, an idempotency key ``01J…:welcome`` travels as ``01J…_welcome`` in its
-tag, and exactly as is in the ``Idempotency-Key`` header. A webhook normalizer matching on
-the key must compare ``tag_value(key)``.
+tag, and exactly as is in the ``Idempotency-Key`` header (a key that is not ASCII, which no
+header can carry, goes there UTF-8 percent-encoded: :func:`~.base.idempotency_header`). A
+webhook normalizer matching on the key must compare ``tag_value(key)``.
 
 Resend honours the ``Idempotency-Key`` for 24 hours: a retry with the same key and payload
 gets the first answer and sends nothing, so the one accepted window of docs/design.md invariant 3
@@ -50,7 +51,12 @@ from email_platform.errors import (
     ProviderRejectedError,
     TransientError,
 )
-from email_platform.providers.base import Accepted, OutgoingEmail, trace_metadata
+from email_platform.providers.base import (
+    Accepted,
+    OutgoingEmail,
+    idempotency_header,
+    trace_metadata,
+)
 from email_platform.providers.http import HttpProvider, ProviderRequest
 from email_platform.tags import tag_value
 
@@ -117,7 +123,7 @@ class ResendProvider(HttpProvider):
         return ProviderRequest(
             "POST",
             "/emails",
-            headers={"Idempotency-Key": email.idempotency_key},
+            headers={"Idempotency-Key": idempotency_header(email.idempotency_key)},
             json=body,
         )
 

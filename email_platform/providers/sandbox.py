@@ -12,7 +12,12 @@ import httpx
 from email_platform.classify import classify_response
 from email_platform.config import ProviderSettings
 from email_platform.errors import ConfigurationError, DeliveryError
-from email_platform.providers.base import Accepted, OutgoingEmail, trace_metadata
+from email_platform.providers.base import (
+    Accepted,
+    OutgoingEmail,
+    idempotency_header,
+    trace_metadata,
+)
 from email_platform.providers.http import HttpProvider, ProviderRequest
 
 #: The sandbox server's own limit on one batch call.
@@ -78,7 +83,7 @@ class SandboxProvider(HttpProvider):
         return ProviderRequest(
             "POST",
             "/v1/send",
-            headers={"Idempotency-Key": email.idempotency_key},
+            headers={"Idempotency-Key": idempotency_header(email.idempotency_key)},
             json=self._body(email),
         )
 
@@ -91,7 +96,11 @@ class SandboxProvider(HttpProvider):
             "/v1/send/batch",
             json={
                 "messages": [
-                    {**self._body(email), "idempotency_key": email.idempotency_key}
+                    # The header's form, so a message retried alone keeps its batch key.
+                    {
+                        **self._body(email),
+                        "idempotency_key": idempotency_header(email.idempotency_key),
+                    }
                     for email in emails
                 ]
             },

@@ -4,8 +4,7 @@ Endpoint (https://www.twilio.com/docs/sendgrid/api-reference/mail-send/mail-send
 ``POST https://api.sendgrid.com/v3/mail/send`` with ``Authorization: Bearer <API key>`` and a
 JSON body::
 
-    {"personalizations": [{"to": [{"email": "jane@example.com"}],
-                           "custom_args": {"event_id": "01J…", "idempotency_key": "01J…:welcome"}}],
+    {"personalizations": [{"to": [{"email": "jane@example.com"}]}],
      "from": {"email": "no-reply@example.com", "name": "Example"},
      "subject": "…",
      "content": [{"type": "text/plain", "value": "…"}, {"type": "text/html", "value": "…"}],
@@ -17,7 +16,9 @@ JSON body::
   each event, which is how ``event_id`` and ``idempotency_key`` come back (and the
   publisher's ``trace_id`` and ``correlation_id``, when set). Values must be
   strings and all custom args together may not exceed 10,000 bytes; a message over the limit
-  fails here, permanently, instead of being sent without its metadata.
+  fails here, permanently, instead of being sent without its metadata. They are sent once, at
+  the message level, as SendGrid's own SDK sends them: a copy in the personalization (which
+  SendGrid lets override the message's) would count twice against that limit.
 * ``text/plain`` content must come before ``text/html``.
 * Success is ``202 Accepted`` with an empty body; the message id is the ``X-Message-Id``
   response header (SendGrid's webhooks report it as the prefix of ``sg_message_id``).
@@ -126,7 +127,7 @@ class SendGridProvider(HttpProvider):
         if email.html:
             content.append({"type": "text/html", "value": email.html})
         body: dict[str, Any] = {
-            "personalizations": [{"to": [_address(email.to)], "custom_args": custom_args}],
+            "personalizations": [{"to": [_address(email.to)]}],
             "from": _address(email.sender),
             "subject": email.subject,
             "content": content,
@@ -134,7 +135,7 @@ class SendGridProvider(HttpProvider):
         if email.headers:
             body["headers"] = {str(k): str(v) for k, v in email.headers.items()}
         body["categories"] = [email.template]
-        body["custom_args"] = dict(custom_args)
+        body["custom_args"] = custom_args
         return ProviderRequest("POST", SEND_PATH, json=body)
 
     def accepted(self, response: httpx.Response) -> Accepted:

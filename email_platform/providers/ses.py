@@ -27,6 +27,12 @@ so every other character becomes ``_`` (``01J...:welcome`` -> ``01J..._welcome``
 ``event_id`` tag (a ULID, sent unchanged) and the SES ``MessageId``, and uses the sanitized key
 only as a cross-check. The exact key also travels as the ``X-Email-Idempotency-Key`` header.
 
+Addresses: SES's model (the ``Destination`` shape) says SES does not support SMTPUTF8 (RFC
+6531), so a local part must be 7-bit ASCII, and a non-ASCII domain must be sent in Punycode
+(RFC 3492). Domains are therefore IDNA-encoded here (``jane@bücher.example.com`` goes out as
+``jane@xn--bcher-kva.example.com``), and an address with a non-ASCII local part is refused,
+permanently, with the code ``smtputf8_unsupported`` (no retry could send it through SES).
+
 Idempotency: SES ``SendEmail`` takes no idempotency token or header (its request has no such
 member). The accepted-then-lost window of docs/design.md invariant 3 therefore stays open with SES:
 a send whose answer is lost (timeout after SES accepted) is retried and may be delivered twice.
@@ -44,6 +50,7 @@ from email.utils import formataddr, parseaddr
 from typing import Any, Self
 
 import httpx
+import idna
 from botocore.auth import SIGV4_TIMESTAMP, SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials, ReadOnlyCredentials
@@ -102,6 +109,10 @@ PERMANENT_CODES = frozenset(
 
 _HEADER_NAME = re.compile(r"^[!-9;-~]{1,126}$")  # printable ASCII but ":" (SES MessageHeaderName)
 _HEADER_VALUE = re.compile(r"^[ -~]{1,995}$")  # printable ASCII (SES MessageHeaderValue)
+_XML_CODE = re.compile(
+    r"<Code>(?P<code>[A-Za-z0-9.]{1,100})</Code>(?:<Message>(?P<message>[^<]*))?"
+)
+MAX_HEADERS = 15  # SES MessageHeaderList: at most 15 headers a message
 
 
 def error_code_of(response: httpx.Response) -> tuple[str | None, str]:
@@ -122,6 +133,12 @@ def error_code_of(response: httpx.Response) -> tuple[str | None, str]:
     )
     code = str(raw).split(":", 1)[0].rsplit("#", 1)[-1].strip() if raw else None
     message = body.get("message") or body.get("Message")
+    if not raw and not body:
+        # An XML ``<ErrorResponse>`` (the query protocol's form, which moto's IAM checks
+        # answer with): its ``<Code>`` still names the cause in the dead letter.
+        xml = _XML_CODE.search(response.text)
+        if xml:
+            code, message = xml["code"], xml["message"] or response.text[:300]
     if message is None:
         message = response.text[:300] if not body else json.dumps(body)[:300]
     return code or None, str(message)
@@ -259,7 +276,7 @@ class SesProvider(HttpProvider):
             content_body["Html"] = {"Data": email.html, "Charset": "UTF-8"}
         request: dict[str, Any] = {
             "FromEmailAddress": from_address(email.sender),
-            "Destination": {"ToAddresses": [email.to]},
+            "Destination": {"ToAddresses": [ses_address(email.to, "to")]},
             "Content": {
                 "Simple": {
                     "Subject": {"Data": email.subject, "Charset": "UTF-8"},
@@ -320,11 +337,45 @@ def default_base_url(region: str) -> str:
 
 
 def from_address(sender: str) -> str:
-    """``sender`` as SES wants ``FromEmailAddress``: a non-ASCII display name MIME-encoded."""
-    name, address = parseaddr(sender)
-    if name and not name.isascii():
-        return formataddr((name, address), charset="utf-8")
-    return sender
+    """``sender`` as SES wants ``FromEmailAddress``: a non-ASCII display name MIME-encoded, an
+    internationalized domain in Punycode."""
+    return ses_address(sender, "sender")
+
+
+def ses_address(value: str, field: str) -> str:
+    """``value`` (``addr`` or ``Name <addr>``) in the 7-bit form SES's model asks for: the
+    domain IDNA-encoded, a non-ASCII display name RFC 2047-encoded. A non-ASCII local part
+    needs SMTPUTF8, which SES does not support: a permanent error naming that cause."""
+    if value.isascii():
+        return value
+    name, address = parseaddr(value)
+    address = ascii_address(address, field)
+    if not name:
+        return address
+    # formataddr refuses a non-ASCII address, so it gets the encoded one.
+    return formataddr((name, address), charset="utf-8")
+
+
+def ascii_address(address: str, field: str) -> str:
+    """``local@domain`` with the domain in Punycode (IDNA 2008 with UTS 46 mapping, as
+    ``email-validator`` checks it at publish)."""
+    if address.isascii():
+        return address
+    local, at, domain = address.rpartition("@")
+    if not at or not local.isascii():
+        raise PermanentError(
+            f"the {field} address has a non-ASCII local part, which needs SMTPUTF8 "
+            "(RFC 6531); SES does not support it",
+            code="smtputf8_unsupported",
+        )
+    try:
+        ascii_domain = idna.encode(domain, uts46=True).decode("ascii")
+    except idna.IDNAError as exc:
+        raise PermanentError(
+            f"the {field} address's domain is not a valid internationalized domain: {exc}",
+            code="invalid_address",
+        ) from None
+    return f"{local}@{ascii_domain}"
 
 
 def _credentials(settings: ProviderSettings) -> Credentials:
@@ -367,6 +418,11 @@ def _headers(email: OutgoingEmail) -> list[dict[str, str]]:
             )
         if name.lower() not in {key.lower() for key in wanted}:
             wanted[name] = value
+    if len(wanted) > MAX_HEADERS:
+        raise PermanentError(
+            f"{len(wanted)} headers; SES takes at most {MAX_HEADERS} a message",
+            code="too_many_headers",
+        )
     return [
         {"Name": name, "Value": value}
         for name, value in wanted.items()

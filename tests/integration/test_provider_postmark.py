@@ -123,6 +123,18 @@ def test_no_idempotency_header_because_postmark_has_none() -> None:
     assert not any("idempotency" in name for name in seen[0].headers)
 
 
+def test_metadata_values_stay_within_postmarks_80_characters() -> None:
+    seen, handler = _capture()
+    long_key, long_id = "k" * 81, "c" * 200  # publish() accepts keys up to 200 characters
+    email = OutgoingEmail(**{**EMAIL.__dict__, "idempotency_key": long_key})
+    _provider(handler).send(OutgoingEmail(**{**email.__dict__, "correlation_id": long_id}))
+    # Left out, not cut: a cut key would name another message. event_id still joins.
+    assert json.loads(seen[0].content)["Metadata"] == {"event_id": EVENT_ID}
+    seen, handler = _capture()
+    _provider(handler).send(OutgoingEmail(**{**EMAIL.__dict__, "idempotency_key": "k" * 80}))
+    assert json.loads(seen[0].content)["Metadata"]["idempotency_key"] == "k" * 80
+
+
 def test_text_only_message_has_no_html_body() -> None:
     seen, handler = _capture()
     _provider(handler).send(OutgoingEmail(**{**EMAIL.__dict__, "html": None, "headers": {}}))

@@ -11,9 +11,9 @@ where the provider takes one) or raise a ``DeliveryError`` with a code; nothing 
 ``unexpected`` dead letter (``classify.classify_exception`` of an unclassified exception).
 publish() refusing is an answer too, as long as it is a ``PublishError`` naming a field.
 
-IDN domains over SMTP and SES are exercised by their own cases, strict xfails until the fixes
-on the smtp and ses branches (IDNA or SMTPUTF8 at RCPT; Punycode in SES's Destination, as
-AWS's SES v2 model asks) are merged; the property draws ASCII domains for those two.
+IDN domains are exercised by their own cases for every adapter (SMTP sends A-labels or uses
+SMTPUTF8, SES sends Punycode as AWS's SES v2 model asks); an adapter in ``IDN_PENDING`` would
+have them as strict xfails and draw ASCII domains in the property.
 """
 
 import json
@@ -50,8 +50,9 @@ ROUTES = default_routes()
 RENDERER = TemplateRenderer()
 SENDER = "Example <no-reply@example.com>"
 ADAPTERS = ("sandbox", "postmark", "sendgrid", "mailgun", "resend", "ses", "smtp")
-#: Adapters whose IDN handling is being fixed on other branches (see the module docstring).
-IDN_PENDING = frozenset({"ses"})
+#: Adapters whose IDN handling is being fixed on another branch (none now: every adapter
+#: sends an internationalized domain; kept for the next one).
+IDN_PENDING: frozenset[str] = frozenset()
 
 ASCII_DOMAINS = ["example.com", "mail.example.org", "xn--bcher-kva.de", "a-b.co.uk"]
 IDN_DOMAINS = ["bücher.de", "例え.jp", "münchen.de", "παράδειγμα.gr"]
@@ -275,7 +276,7 @@ def test_whatever_publish_accepts_each_adapter_sends_or_names_the_cause(
 def _idn_case(name: str) -> Any:
     marks = []
     if name in IDN_PENDING:
-        marks.append(pytest.mark.xfail(strict=True, reason="fixed on branch smtp/ses"))
+        marks.append(pytest.mark.xfail(strict=True, reason="IDN pending elsewhere"))
     return pytest.param(name, marks=marks, id=name)
 
 
@@ -304,11 +305,6 @@ def test_an_internationalized_domain_publish_accepts_is_sent(
 # ---- Postmark's metadata limit ------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="providers/postmark.py sends Metadata.idempotency_key past Postmark's 80-character "
-    "limit (its custom metadata FAQ); for the providers' owner",
-)
 def test_postmark_metadata_stays_within_postmark_limits(engine: Engine) -> None:
     recording = Recording()
     provider = _http_adapter("postmark", recording)

@@ -219,9 +219,8 @@ def test_each_adapter_carries_the_trace_fields_in_its_metadata_field() -> None:
     assert postmark.json["Metadata"]["trace_id"] == XRAY
     assert postmark.json["Metadata"]["correlation_id"] == "req-42"
     sendgrid = SendGridProvider(api_key="k", transport=transport).build_request(email)
-    for custom_args in (sendgrid.json["custom_args"], sendgrid.json["personalizations"][0]):
-        custom_args = custom_args.get("custom_args", custom_args)
-        assert (custom_args["trace_id"], custom_args["correlation_id"]) == (XRAY, "req-42")
+    custom_args = sendgrid.json["custom_args"]
+    assert (custom_args["trace_id"], custom_args["correlation_id"]) == (XRAY, "req-42")
     mailgun = MailgunProvider(api_key="k", domain="mg.example.com", transport=transport)
     fields = mailgun.build_request(email).data
     assert (fields["v:trace_id"], fields["v:correlation_id"]) == (XRAY, "req-42")

@@ -127,7 +127,7 @@ def test_what_the_send_adapter_sends_is_what_the_normalizer_reads_back():
     for metadata_key in ("event_id", "idempotency_key"):
         del raw[metadata_key]
     # SendGrid echoes every custom arg as a top-level field of each event.
-    raw.update(request.json["personalizations"][0]["custom_args"])
+    raw.update(request.json["custom_args"])
     raw["sg_message_id"] = f"{accepted.provider_message_id}.filterdrecv-7d8c-1-6750A1B2-3.0"
     (event,) = sendgrid.normalize(json.dumps([raw]).encode())
     assert (event.event_id, event.idempotency_key) == (email.event_id, email.idempotency_key)
