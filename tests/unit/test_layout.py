@@ -24,8 +24,6 @@ SHELL = (
     "definitions",
     "loggers",
     "cli",
-    # lanes status asks the Dagster instance which outbox sensors the UI stopped.
-    "cli_lanes",
 )
 #: Harnesses: the fake provider and the one-machine runners (demo, local daemon).
 HARNESSES = ("sandbox", "local")
