@@ -45,6 +45,8 @@ def missing_extra_message(module: str) -> str | None:
 
 def run(argv: list[str] | None = None) -> None:
     """The ``email-platform`` console script."""
+    from email_platform.errors import ConfigurationError
+
     try:
         from email_platform.cli.app import main
 
@@ -55,6 +57,9 @@ def run(argv: list[str] | None = None) -> None:
             raise
         print(message, file=sys.stderr)
         sys.exit(3)
+    except ConfigurationError as exc:  # a setting to fix (it names it), not a bug to trace
+        print(f"email-platform: {exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 def __getattr__(name: str) -> Any:

@@ -31,6 +31,7 @@ from email_platform.db.schema import (
 )
 from email_platform.db.schema import suppressions as suppression_table
 from email_platform.local.dagster_home import DaemonProcess, wait_for
+from email_platform.routes import DEMO_ROUTES
 from email_platform.sandbox.asgi import BackgroundServer
 from email_platform.sandbox.emitter import WebhookPlan
 from email_platform.sandbox.server import SandboxConfig, SandboxServer
@@ -282,6 +283,9 @@ def run_demo(
 ) -> int:
     if home is not None:
         os.environ[config.PREFIX + "HOME"] = str(home)
+    # The demo publishes the demo's events: it chooses their routes, for itself and for the
+    # daemon and runs it starts (nothing else falls back to them).
+    os.environ[config.ROUTES_SETTING] = DEMO_ROUTES
     home = config.home_dir()
     dagster_home = config.dagster_home()
     database_url = config.database_url()
