@@ -449,6 +449,8 @@ def _hint_env(dagster_home: Path) -> str:
     """The settings the demo ran with, as a command prefix: a hint copied into another shell
     (or directory) must open the demo's database and instance, not the defaults there."""
     settings = {config.PREFIX + "HOME": str(config.home_dir()), "DAGSTER_HOME": str(dagster_home)}
+    # The UI's re-execution and `dlq replay --inline` route with the demo's table, as it did.
+    settings[config.ROUTES_SETTING] = DEMO_ROUTES
     if os.environ.get(config.PREFIX + "DATABASE_URL"):
         settings[config.PREFIX + "DATABASE_URL"] = config.database_url()
     return " ".join(f"{name}={shlex.quote(value)}" for name, value in settings.items())
