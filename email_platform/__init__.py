@@ -23,3 +23,17 @@ __all__ = [
     "publish_many",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # The Dagster Component loads on first use: publish() needs no Dagster.
+    if name == "EmailPlatformComponent":
+        from email_platform.component import EmailPlatformComponent
+
+        return EmailPlatformComponent
+    raise AttributeError(f"module 'email_platform' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # Listed, so `dg list components` finds the Component in this package's entry point.
+    return [*globals(), "EmailPlatformComponent"]

@@ -1,10 +1,14 @@
-"""The code location: every job, sensor, asset and resource, wired in one place."""
+"""The code location: every job, sensor, asset and resource, wired in one place.
 
-from dagster import Definitions, in_process_executor
+What it gives merges into a project's own definitions (``Definitions.merge``) without a clash:
+no code-location executor or loggers (each job sets its own), resource keys under ``email_``,
+asset keys under ``email_platform/`` in one group (docs/dagster-component.md).
+"""
+
+from dagster import Definitions
 
 from email_platform.assets import analytics_assets
 from email_platform.jobs import alert_job, ingest_webhooks_job, lane_worker_job, send_email_job
-from email_platform.loggers import json_console_logger
 from email_platform.resources import (
     AppDatabase,
     EmailProviderResource,
@@ -14,7 +18,7 @@ from email_platform.resources import (
 )
 from email_platform.resources.alerts import AlertSettings
 from email_platform.sensors.alerts import alerts_sensor
-from email_platform.sensors.analytics import analytics_sensors
+from email_platform.sensors.analytics import analytics_job, analytics_sensors
 from email_platform.sensors.brakes import brake_sensors
 from email_platform.sensors.outbox import outbox_sensors
 from email_platform.sensors.retention import retention_jobs, retention_schedules
@@ -24,16 +28,24 @@ from email_platform.sensors.webhooks import webhook_inbox_sensor
 
 def build_definitions(
     *,
-    app_database: AppDatabase | None = None,
+    email_database: AppDatabase | None = None,
     email_provider: EmailProviderResource | None = None,
-    lane_policy: LanePolicy | None = None,
-    routing: RoutingResource | None = None,
-    warehouse: Warehouse | None = None,
-    alerts: AlertSettings | None = None,
+    email_lanes: LanePolicy | None = None,
+    email_routing: RoutingResource | None = None,
+    email_warehouse: Warehouse | None = None,
+    email_alerts: AlertSettings | None = None,
 ) -> Definitions:
-    """Definitions with the given resources; defaults read ``EMAIL_PLATFORM_*`` at run time."""
+    """Definitions with the given resources (each argument is its resource key); defaults
+    read ``EMAIL_PLATFORM_*`` at run time."""
     return Definitions(
-        jobs=[send_email_job, lane_worker_job, ingest_webhooks_job, alert_job, *retention_jobs],
+        jobs=[
+            send_email_job,
+            lane_worker_job,
+            ingest_webhooks_job,
+            alert_job,
+            analytics_job,
+            *retention_jobs,
+        ],
         sensors=[
             *outbox_sensors,
             webhook_inbox_sensor,
@@ -44,20 +56,13 @@ def build_definitions(
         ],
         schedules=retention_schedules,
         assets=analytics_assets,
-        # Asset runs execute their steps in the run's own process. The multiprocess default
-        # starts one more Python process per asset and per check (about a CPU-second each,
-        # seconds under load) for steps that read one DuckDB file one by one anyway. The send
-        # and ingestion jobs choose their own executor (jobs.py).
-        executor=in_process_executor,
-        # Every job's console lines as JSON objects (the event log keeps the sentences).
-        loggers={"console": json_console_logger},
         resources={
-            "app_database": app_database or AppDatabase(),
+            "email_database": email_database or AppDatabase(),
             "email_provider": email_provider or EmailProviderResource(),
-            "lane_policy": lane_policy or LanePolicy(),
-            "routing": routing or RoutingResource(),
-            "warehouse": warehouse or Warehouse(),
-            "alerts": alerts or AlertSettings(),
+            "email_lanes": email_lanes or LanePolicy(),
+            "email_routing": email_routing or RoutingResource(),
+            "email_warehouse": email_warehouse or Warehouse(),
+            "email_alerts": email_alerts or AlertSettings(),
         },
     )
 

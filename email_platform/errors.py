@@ -32,6 +32,11 @@ class HeaderInjectionError(PublishError):
     """A value that ends up in a mail header contains CR or LF."""
 
 
+class InvalidIdempotencyKeyError(PublishError):
+    """An idempotency key some adapter cannot carry as it is (it travels in HTTP and mail
+    headers): see ``validation.check_idempotency_key`` for the rule."""
+
+
 class InvalidPayloadError(PublishError):
     """The payload is not a JSON object, is too large, or misses a required field."""
 

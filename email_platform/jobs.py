@@ -10,6 +10,7 @@ from typing import Any
 from dagster import in_process_executor, job, multiprocess_executor
 
 from email_platform.executors import switchable_executor
+from email_platform.loggers import JOB_LOGGERS
 from email_platform.ops.alerts import announce_alert
 from email_platform.ops.ingest import ingest_webhook_batch
 from email_platform.ops.lane_worker import run_lane_worker
@@ -31,6 +32,7 @@ from email_platform.ops.send import send_email_batch
     ),
     tags={"email/job": "send"},
     executor_def=switchable_executor(in_process_executor),
+    logger_defs=JOB_LOGGERS,
 )
 def send_email_job() -> None:
     send_email_batch()
@@ -43,6 +45,7 @@ def send_email_job() -> None:
     ),
     tags={"email/job": "ingest"},
     executor_def=in_process_executor,
+    logger_defs=JOB_LOGGERS,
 )
 def ingest_webhooks_job() -> None:
     ingest_webhook_batch()
@@ -57,6 +60,7 @@ def ingest_webhooks_job() -> None:
     ),
     tags={"email/job": "lane_worker"},
     executor_def=switchable_executor(multiprocess_executor),
+    logger_defs=JOB_LOGGERS,
 )
 def lane_worker_job() -> None:
     run_lane_worker()
@@ -72,14 +76,15 @@ def lane_worker_job() -> None:
     ),
     tags={"email/job": "alert"},
     executor_def=in_process_executor,
+    logger_defs=JOB_LOGGERS,
 )
 def alert_job() -> None:
     announce_alert()
 
 
 #: Every run the platform launches names its console logger: Dagster builds a job's own
-#: loggers only when the run config mentions them, else its coloured text console. The
-#: definitions make ``console`` the JSON logger (``email_platform.loggers``).
+#: loggers only when the run config mentions them, else its coloured text console. Each job
+#: makes ``console`` the JSON logger (``email_platform.loggers``).
 RUN_LOGGERS: dict[str, Any] = {"console": {"config": {"log_level": "INFO"}}}
 
 

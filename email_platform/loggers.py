@@ -8,7 +8,7 @@ as JSON, at the same level.
 
 import logging
 
-from dagster import Field, InitLoggerContext, logger
+from dagster import Field, InitLoggerContext, LoggerDefinition, logger
 
 from email_platform import logs
 
@@ -26,3 +26,8 @@ def json_console_logger(init_context: InitLoggerContext) -> logging.Logger:
     run_logger = logging.Logger(init_context.logger_config["name"], level=level)
     run_logger.addHandler(logs.json_handler())
     return run_logger
+
+
+#: Each job's own loggers (not the code location's, which a project that merges these
+#: definitions into its own keeps for itself).
+JOB_LOGGERS: dict[str, LoggerDefinition] = {"console": json_console_logger}

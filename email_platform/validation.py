@@ -20,6 +20,7 @@ from email_platform.db.schema import email_messages, email_outbox
 from email_platform.errors import (
     HeaderInjectionError,
     InvalidAddressError,
+    InvalidIdempotencyKeyError,
     InvalidPayloadError,
     PublishError,
     UnknownPriorityError,
@@ -237,9 +238,37 @@ def check_aware(field: str, value: Any) -> datetime | None:
 
 
 def check_idempotency_key(value: Any) -> str | None:
+    """A key every adapter carries byte for byte: visible ASCII (``!`` to ``~``: no space, no
+    control character, nothing outside ASCII), at most ``IDEMPOTENCY_KEY_LENGTH`` (200), and no
+    ``=?`` (the start of an RFC 2047 encoded word, which a mail reader would decode).
+
+    Why: the key (``{key}:{route}``, at most 255) goes out as HTTP's ``Idempotency-Key``
+    (sandbox, Resend: latin-1 at most, Resend takes 256 characters), as the SMTP and SES header
+    ``X-Email-Idempotency-Key`` (SES takes printable ASCII only) and in the Message-ID, and as
+    provider metadata. Anything else was accepted here and dead-lettered at send time.
+    """
     if value is None:
         return None
-    return check_text("idempotency_key", value, IDEMPOTENCY_KEY_LENGTH, header=True)
+    if not isinstance(value, str) or not value:
+        raise InvalidIdempotencyKeyError("idempotency_key", "must be a non-empty string")
+    check_no_line_breaks("idempotency_key", value)  # the more precise answer: injection
+    if len(value) > IDEMPOTENCY_KEY_LENGTH:
+        raise InvalidIdempotencyKeyError(
+            "idempotency_key",
+            f"is {len(value)} characters; at most {IDEMPOTENCY_KEY_LENGTH} fit",
+        )
+    if not _VISIBLE_ASCII.fullmatch(value):
+        raise InvalidIdempotencyKeyError(
+            "idempotency_key",
+            f"{_shown(value)} must be visible ASCII characters (! to ~), without spaces: "
+            "it travels in HTTP and mail headers",
+        )
+    if "=?" in value:
+        raise InvalidIdempotencyKeyError(
+            "idempotency_key",
+            f"{_shown(value)} holds '=?', which mail readers decode as an RFC 2047 encoded word",
+        )
+    return value
 
 
 def check_trace_id(value: Any) -> str | None:
@@ -262,7 +291,8 @@ def check_trace_id(value: Any) -> str | None:
 
 
 def check_correlation_id(value: Any) -> str | None:
-    """An opaque id of the caller's request: visible ASCII (no spaces), at most 200."""
+    """An opaque id of the caller's request: visible ASCII (no spaces) without ``=?``, at most
+    200 (it travels as the ``X-Email-Correlation-Id`` header and as provider metadata)."""
     if value is None:
         return None
     check_text("correlation_id", value, CORRELATION_ID_LENGTH, header=True)
@@ -270,6 +300,11 @@ def check_correlation_id(value: Any) -> str | None:
         raise PublishError(
             "correlation_id",
             f"{_shown(value)} must be visible ASCII characters, without spaces",
+        )
+    if "=?" in value:  # X-Email-Correlation-Id over SMTP: a reader would decode it
+        raise PublishError(
+            "correlation_id",
+            f"{_shown(value)} holds '=?', which mail readers decode as an RFC 2047 encoded word",
         )
     return value
 

@@ -150,11 +150,11 @@ def send_job_defs(
     provider: EmailProviderResource | None = None,
 ):  # type: ignore[no-untyped-def]
     return build_definitions(
-        app_database=AppDatabase(url=database_url),
+        email_database=AppDatabase(url=database_url),
         email_provider=provider
         or EmailProviderResource(provider="sandbox", base_url=sandbox_url, timeout_s=timeout_s),
-        lane_policy=LanePolicy(overrides_json=json.dumps(lanes or FAST_LANES)),
-        routing=routing or RoutingResource(),
+        email_lanes=LanePolicy(overrides_json=json.dumps(lanes or FAST_LANES)),
+        email_routing=routing or RoutingResource(),
     )
 
 
@@ -267,6 +267,6 @@ def report_failed_and_release(instance: DagsterInstance, run, database_url: str)
         dagster_event=failure,
         dagster_instance=instance,
         dagster_run=instance.get_run_by_id(run.run_id),
-        resources={"app_database": AppDatabase(url=database_url)},
+        resources={"email_database": AppDatabase(url=database_url)},
     ) as context:
         email_run_failure_sensor(context)

@@ -16,7 +16,6 @@ from dagster import (
     AssetCheckResult,
     AssetCheckSeverity,
     AssetExecutionContext,
-    AssetKey,
     AssetSpec,
     FreshnessPolicy,
     MaterializeResult,
@@ -26,11 +25,10 @@ from dagster import (
 )
 
 from email_platform import warehouse as core
+from email_platform.assets.keys import ASSET_GROUP, asset_key
 from email_platform.resources import AppDatabase
 from email_platform.resources.warehouse import Warehouse
 
-ANALYTICS_GROUP = "analytics"
-OPERATIONAL_GROUP = "operational"
 # With nothing new, the warehouse is still refreshed this often, so its freshness is provable.
 HEARTBEAT_S = 3600
 # A run with this tag set to "true" rebuilds the warehouse from scratch (a reconcile).
@@ -47,8 +45,8 @@ OPERATIONAL_TABLES = {
 
 operational_tables = [
     AssetSpec(
-        name,
-        group_name=OPERATIONAL_GROUP,
+        asset_key(name),
+        group_name=ASSET_GROUP,
         description=description + " Lives in the application database; read-only here.",
         kinds={"sql"},
     )
@@ -60,10 +58,10 @@ _freshness = FreshnessPolicy.time_window(
 )
 _specs = [
     AssetSpec(
-        model.name,
-        group_name=ANALYTICS_GROUP,
+        asset_key(model.name),
+        group_name=ASSET_GROUP,
         description=model.description,
-        deps=model.deps,
+        deps=[asset_key(dep) for dep in model.deps],
         kinds={"duckdb"},
         freshness_policy=_freshness,
         metadata={
@@ -87,13 +85,13 @@ _specs = [
     ),
 )
 def analytics_warehouse(
-    context: AssetExecutionContext, app_database: AppDatabase, warehouse: Warehouse
+    context: AssetExecutionContext, email_database: AppDatabase, email_warehouse: Warehouse
 ):
     summary = core.refresh(
-        app_database.get_engine(),
-        warehouse.resolved_path(),
+        email_database.get_engine(),
+        email_warehouse.resolved_path(),
         full=context.run.tags.get(FULL_TAG) == "true",
-        lookback_s=warehouse.lookback_s,
+        lookback_s=email_warehouse.lookback_s,
     )
     context.log.info(
         f"loaded {summary.total_loaded} rows ({summary.rows_loaded}); rebuilt "
@@ -102,7 +100,7 @@ def analytics_warehouse(
         + f" in {summary.timings_s['total']:.2f}s"
     )
     for name in core.MODEL_NAMES:
-        yield MaterializeResult(asset_key=AssetKey(name), metadata=_metadata(name, summary))
+        yield MaterializeResult(asset_key=asset_key(name), metadata=_metadata(name, summary))
 
 
 # The staging models that read an operational table directly: their metadata counts its rows.
@@ -219,72 +217,78 @@ def _run(warehouse: Warehouse, check, *args) -> AssetCheckResult:  # type: ignor
 
 
 @asset_check(
-    asset="email_funnel",
+    asset=asset_key("email_funnel"),
     name="one_row_per_message",
     description="Exactly one funnel row per message loaded: none missing, none doubled.",
 )
-def one_row_per_message(warehouse: Warehouse) -> AssetCheckResult:
-    return _run(warehouse, core.check_one_row_per_message)
+def one_row_per_message(email_warehouse: Warehouse) -> AssetCheckResult:
+    return _run(email_warehouse, core.check_one_row_per_message)
 
 
 @asset_check(
-    asset="email_funnel",
+    asset=asset_key("email_funnel"),
     name="provider_events_joined",
     description=(
         "Every provider event joins to a message. Orphans (a webhook for mail we cannot match) "
         "are counted by type; any orphan is a warning."
     ),
 )
-def provider_events_joined(warehouse: Warehouse) -> AssetCheckResult:
-    return _run(warehouse, core.check_provider_events_joined)
+def provider_events_joined(email_warehouse: Warehouse) -> AssetCheckResult:
+    return _run(email_warehouse, core.check_provider_events_joined)
 
 
 @asset_check(
-    asset="email_funnel",
+    asset=asset_key("email_funnel"),
     name="no_negative_latencies",
     description=(
         "No latency between steps is negative (beyond the configured clock skew between our "
         "hosts and the provider's)."
     ),
 )
-def no_negative_latencies(warehouse: Warehouse) -> AssetCheckResult:
-    return _run(warehouse, core.check_no_negative_latencies, warehouse.thresholds())
+def no_negative_latencies(email_warehouse: Warehouse) -> AssetCheckResult:
+    return _run(email_warehouse, core.check_no_negative_latencies, email_warehouse.thresholds())
 
 
 @asset_check(
-    asset="stg_dead_letters",
+    asset=asset_key("stg_dead_letters"),
     name="open_dead_letters",
     description="Dead letters waiting for an operator, by reason. Any open one is a warning.",
 )
-def open_dead_letters(warehouse: Warehouse) -> AssetCheckResult:
-    return _run(warehouse, core.check_open_dead_letters)
+def open_dead_letters(email_warehouse: Warehouse) -> AssetCheckResult:
+    return _run(email_warehouse, core.check_open_dead_letters)
 
 
 @asset_check(
-    asset="email_funnel_daily",
+    asset=asset_key("email_funnel_daily"),
     name="bounce_rate_under_threshold",
     description=(
         "The daily bounce rate of each template x lane x provider over the last days stays "
         "under the threshold (Warehouse.bounce_rate_threshold). A breach is an error."
     ),
 )
-def bounce_rate_under_threshold(warehouse: Warehouse) -> AssetCheckResult:
-    thresholds = warehouse.thresholds()
-    return _run(warehouse, core.check_daily_rate, "bounce_rate", thresholds.bounce_rate, thresholds)
+def bounce_rate_under_threshold(email_warehouse: Warehouse) -> AssetCheckResult:
+    thresholds = email_warehouse.thresholds()
+    return _run(
+        email_warehouse, core.check_daily_rate, "bounce_rate", thresholds.bounce_rate, thresholds
+    )
 
 
 @asset_check(
-    asset="email_funnel_daily",
+    asset=asset_key("email_funnel_daily"),
     name="complaint_rate_under_threshold",
     description=(
         "The daily spam-complaint rate of each template x lane x provider over the last days "
         "stays under the threshold (Warehouse.complaint_rate_threshold). A breach is an error."
     ),
 )
-def complaint_rate_under_threshold(warehouse: Warehouse) -> AssetCheckResult:
-    thresholds = warehouse.thresholds()
+def complaint_rate_under_threshold(email_warehouse: Warehouse) -> AssetCheckResult:
+    thresholds = email_warehouse.thresholds()
     return _run(
-        warehouse, core.check_daily_rate, "complaint_rate", thresholds.complaint_rate, thresholds
+        email_warehouse,
+        core.check_daily_rate,
+        "complaint_rate",
+        thresholds.complaint_rate,
+        thresholds,
     )
 
 

@@ -387,8 +387,8 @@ def _print_funnel(database_url: str, dagster_home: Path, event_ids: list[str]) -
             [analytics_warehouse, *analytics_checks],
             instance=instance,
             resources={
-                "app_database": AppDatabase(url=database_url),
-                "warehouse": Warehouse(path=warehouse_path),
+                "email_database": AppDatabase(url=database_url),
+                "email_warehouse": Warehouse(path=warehouse_path),
             },
             # The run's events are in the Dagster UI; the terminal gets warnings and errors.
             run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},

@@ -25,7 +25,7 @@ def send_inline(
     engine = make_engine(url)
     with engine.connect() as connection:
         by_lane = outbox.lanes_of(connection, event_ids)
-    job = build_definitions(app_database=AppDatabase(url=url)).get_job_def("send_email_job")
+    job = build_definitions(email_database=AppDatabase(url=url)).get_job_def("send_email_job")
     instance = (
         DagsterInstance.get() if config.dagster_home_is_set() else (DagsterInstance.ephemeral())
     )

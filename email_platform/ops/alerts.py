@@ -22,7 +22,9 @@ class AlertConfig(Config):
 
 
 @op(tags={"kind": "email"})
-def announce_alert(context: OpExecutionContext, config: AlertConfig, alerts: AlertSettings) -> dict:
+def announce_alert(
+    context: OpExecutionContext, config: AlertConfig, email_alerts: AlertSettings
+) -> dict:
     """Log the alert as one JSON line and post it to the Slack-compatible webhook if one is
     configured (retried with backoff). A post that fails is logged as an error; the run still
     succeeds, so an unreachable chat never raises an alert of its own in a loop.
@@ -43,7 +45,7 @@ def announce_alert(context: OpExecutionContext, config: AlertConfig, alerts: Ale
         context.log.error(line, **where)
     else:
         context.log.info(line, **where)
-    url = alerts.resolved_slack_url()
+    url = email_alerts.resolved_slack_url()
     posted: str = "no Slack URL configured"
     if url:
         error = notify.post(notify.check_url(url), transition)

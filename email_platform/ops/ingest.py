@@ -26,14 +26,14 @@ class IngestBatchConfig(Config):
 
 @op(tags={"kind": "email"})
 def ingest_webhook_batch(
-    context: OpExecutionContext, config: IngestBatchConfig, app_database: AppDatabase
+    context: OpExecutionContext, config: IngestBatchConfig, email_database: AppDatabase
 ) -> dict:
     """Claim a batch of raw webhooks from the inbox, normalize each provider's payload into
     the tracking vocabulary, store every provider event once, move each message's delivery
     state forward, and suppress addresses that hard-bounced, complained or unsubscribed.
     """
     with retried_on_error(context):
-        engine = app_database.get_engine()
+        engine = email_database.get_engine()
         outcome = WebhookIngestor(engine, log=context.log).run(
             config.inbox_ids, run_id=context.run_id
         )

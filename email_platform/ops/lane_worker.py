@@ -26,7 +26,7 @@ from email_platform import config, logs
 from email_platform.lanes import LANES, STOP_TAG, LaneConfig, outbox_sensor_name
 from email_platform.ops.reporting import WorkerReporter
 from email_platform.ops.retry import STEP_RETRY_POLICY
-from email_platform.ops.send import (
+from email_platform.ops.send_step import (
     finish_with_dead_letters,
     make_sender,
     open_provider,
@@ -202,10 +202,10 @@ def settle_heap() -> bool:
 def run_lane_worker(
     context: OpExecutionContext,
     config: LaneWorkerConfig,
-    app_database: AppDatabase,
+    email_database: AppDatabase,
     email_provider: EmailProviderResource,
-    routing: RoutingResource,
-    lane_policy: LanePolicy,
+    email_routing: RoutingResource,
+    email_lanes: LanePolicy,
 ) -> dict:
     """Claim and send the lane's due events until the worker's lifetime or idle time is up.
 
@@ -217,11 +217,11 @@ def run_lane_worker(
     Pause the lane (``email-platform lanes pause``, a brake, or stopping its outbox sensor):
     its workers end within seconds.
     """
-    lane = lane_policy.config_for(config.lane)
-    engine = app_database.get_engine()
+    lane = email_lanes.config_for(config.lane)
+    engine = email_database.get_engine()
     run = context.run
     if run.parent_run_id is not None:
-        return _replay_dead_letters(context, lane, app_database, email_provider, routing)
+        return _replay_dead_letters(context, lane, email_database, email_provider, email_routing)
 
     lower_priority(lane.nice)
     settle_heap()
@@ -234,7 +234,7 @@ def run_lane_worker(
     cancel = threading.Event()
     reporter = WorkerReporter(context, lane.lane.value)
     try:
-        sender = make_sender(context, lane, engine, provider, email_provider, routing, cancel)
+        sender = make_sender(context, lane, engine, provider, email_provider, email_routing, cancel)
         stopping = stop_check(
             context.instance,
             lane.lane.value,

@@ -4,15 +4,16 @@ dead letters, and observations of the operational messages asset so the UI plots
 import time
 from collections.abc import Mapping
 
-from dagster import AssetKey, AssetObservation, MetadataValue, OpExecutionContext
+from dagster import AssetObservation, MetadataValue, OpExecutionContext
 
+from email_platform.assets.keys import asset_key
 from email_platform.sending.worker import WorkerResult
 
 #: Set on a run that recorded dead letters: the runs list filters on it to find the runs worth
 #: re-executing. Its value is the number still open when the run ended.
 DEAD_LETTERS_TAG = "email/dead_letters"
 #: Observed after sends, so the asset's page plots them over time.
-MESSAGES_ASSET = AssetKey("email_messages")
+MESSAGES_ASSET = asset_key("email_messages")
 #: How often a lane worker records an observation of what it sent since the last one.
 OBSERVE_EVERY_S = 10.0
 

@@ -43,14 +43,14 @@ class RetentionConfig(Config):
     ),
 )
 def purge_retention(
-    context: OpExecutionContext, config: RetentionConfig, app_database: AppDatabase
+    context: OpExecutionContext, config: RetentionConfig, email_database: AppDatabase
 ) -> dict:
     chosen = settings.retention_settings()
     report = retention.purge(
-        app_database.get_engine(), chosen, dry_run=config.dry_run, log=context.log.info
+        email_database.get_engine(), chosen, dry_run=config.dry_run, log=context.log.info
     )
     counts = report.as_dict()
-    with app_database.get_engine().begin() as connection:
+    with email_database.get_engine().begin() as connection:
         counts["provider_circuits"] = circuits.delete_stale(
             connection, utcnow(), dry_run=config.dry_run
         )

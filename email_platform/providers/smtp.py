@@ -8,12 +8,21 @@ default; ``required``: refuse a server that does not; ``false``), ``SSL`` (impli
 ``ALLOW_PLAINTEXT_AUTH`` (default false: credentials are never sent over an unencrypted
 connection unless this says so) and ``LOCAL_HOSTNAME`` (the EHLO name).
 
-The message is built with the standard library's ``EmailMessage``: ``From``, ``To``,
-``Subject``, ``Date``, ``Message-ID``, ``X-Email-Event-Id``, ``X-Email-Idempotency-Key``, the
-route's custom headers, and a ``multipart/alternative`` body with the text and HTML parts.
-Any header value (subject, display name, custom header) holding CR or LF is refused before a
-connection is opened (``PermanentError``, code ``header_injection``); the standard library would
-refuse it too. The envelope is given explicitly, so no header can add a recipient.
+The message (``smtp_message.py``): ``From``, ``To``, ``Subject``, ``Date``, ``Message-ID``,
+``X-Email-Event-Id``, ``X-Email-Idempotency-Key``, the route's custom headers, and a
+``multipart/alternative`` body with the text and HTML parts. The headers are written by the
+adapter, not the standard library's folder: ASCII values folded at whitespace only, so
+``List-Unsubscribe`` and the ``X-Email-*`` headers arrive byte for byte and never as encoded
+words; non-ASCII text as encoded words that decode exactly; domains as IDNA A-labels. Any
+header value (subject, display name, custom header) holding CR or LF is refused before a
+connection is opened (``PermanentError``, code ``header_injection``). The envelope is given
+explicitly, so no header can add a recipient.
+
+What the server offered decides the transaction: ``BODY=8BITMIME`` and 8-bit parts where it
+offers 8BITMIME, quoted-printable where it does not; ``SMTPUTF8`` where an address has a
+non-ASCII local part (or an ``X-Email-*`` value is non-ASCII) and the server offers it, a
+permanent ``smtp_smtputf8_unavailable`` naming the cause, before ``MAIL FROM``, where it does
+not.
 
 Metadata and idempotency: SMTP has no metadata field and no idempotency guarantee. The event id
 and idempotency key (and the publisher's trace and correlation ids, when set) travel as the
@@ -33,10 +42,13 @@ credentials are fixed; 454 (temporary authentication failure) stays transient.
 
 Connections: ``smtplib.SMTP`` is not thread-safe, so each connection is used by one thread at a
 time, drawn from a small pool of idle connections (at most ``max_connections``) and put back
-after a clean transaction. A connection is reused across messages and across the short-lived
-thread pools of a run's attempts, and all are closed (``QUIT``) by ``close()``. A reused
-connection that the server has dropped while idle is detected at ``MAIL FROM`` (before anything
-could have been accepted) and replaced once, transparently.
+after a transaction. Any failed transaction is aborted before the connection is pooled again
+(``RSET`` after a refusal or an error before a command went out; the connection closed after a
+socket error or a failure mid-``DATA``, whose state is unknown), so one failure never costs the
+next message a ``503 nested MAIL command``. A connection is reused across messages and across
+the short-lived thread pools of a run's attempts, and all are closed (``QUIT``) by
+``close()``. A reused connection that the server has dropped while idle is detected at ``MAIL
+FROM`` (before anything could have been accepted) and replaced once, transparently.
 """
 
 import re
@@ -45,10 +57,6 @@ import ssl
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
-from email.errors import HeaderParseError
-from email.headerregistry import Address
-from email.message import EmailMessage
-from email.policy import SMTP as SMTP_POLICY
 from email.utils import format_datetime, parseaddr
 from hashlib import sha256
 from typing import Any, Self
@@ -64,6 +72,7 @@ from email_platform.errors import (
     TransientError,
 )
 from email_platform.providers.base import Accepted, OutgoingEmail, RateLimiter, header_problem
+from email_platform.providers.smtp_message import LINE_SHOULD, SmtpMessage, phrase, wire_address
 
 #: Headers the adapter writes itself; a route may not override them.
 RESERVED_HEADERS = frozenset(
@@ -174,7 +183,7 @@ class SmtpProvider:
 
     # ---- the message ------------------------------------------------------------------------
 
-    def build_message(self, email: OutgoingEmail) -> tuple[EmailMessage, str]:
+    def build_message(self, email: OutgoingEmail) -> tuple[SmtpMessage, str]:
         """The message and its envelope sender; refuses header injection before anything."""
         problem = header_problem(email)
         if problem is not None:
@@ -182,24 +191,30 @@ class SmtpProvider:
         display_name, sender_address = parseaddr(email.sender)
         if "@" not in sender_address:
             raise PermanentError(f"sender {email.sender!r} has no address", code="invalid_sender")
-        message = EmailMessage(policy=SMTP_POLICY)
-        try:
-            message["From"] = Address(display_name=display_name, addr_spec=sender_address)
-            message["To"] = Address(addr_spec=email.to)
-        except (ValueError, IndexError, HeaderParseError) as exc:
-            raise PermanentError(f"unusable address: {exc}", code="invalid_address") from exc
-        message["Subject"] = email.subject
-        message["Date"] = format_datetime(self.clock().astimezone(UTC))
-        message["Message-ID"] = message_id_for(
-            email.idempotency_key, sender_address.rsplit("@", 1)[1]
-        )
-        message["X-Email-Event-Id"] = email.event_id
-        message["X-Email-Idempotency-Key"] = email.idempotency_key
+        envelope_from, sender_utf8 = wire_address(sender_address, "sender")
+        envelope_to, recipient_utf8 = wire_address(email.to, "recipient")
+        message = SmtpMessage(envelope_from, envelope_to, email.text, email.html)
+        message.needs_smtputf8(recipient_utf8)
+        message.needs_smtputf8(sender_utf8)
+        if display_name:
+            name = phrase(display_name, LINE_SHOULD - len("From: "))
+            message.add_raw(
+                "From", f"{display_name} <{envelope_from}>", f"From: {name} <{envelope_from}>\r\n"
+            )
+        else:
+            message.add_raw("From", envelope_from, f"From: {envelope_from}\r\n")
+        message.add_raw("To", envelope_to, f"To: {envelope_to}\r\n")
+        message.add("Subject", email.subject)
+        message.add("Date", format_datetime(self.clock().astimezone(UTC)))
+        domain = envelope_from.rsplit("@", 1)[1]
+        message.add("Message-ID", message_id_for(email.idempotency_key, domain))
+        message.add("X-Email-Event-Id", email.event_id)
+        message.add("X-Email-Idempotency-Key", email.idempotency_key)
         # No metadata field in SMTP: the publisher's request travels as headers too.
         if email.trace_id:
-            message["X-Email-Trace-Id"] = email.trace_id
+            message.add("X-Email-Trace-Id", email.trace_id)
         if email.correlation_id:
-            message["X-Email-Correlation-Id"] = email.correlation_id
+            message.add("X-Email-Correlation-Id", email.correlation_id)
         for name, value in email.headers.items():
             if not _FIELD_NAME.fullmatch(name):
                 raise PermanentError(f"invalid header name {name!r}", code="invalid_header")
@@ -209,28 +224,21 @@ class SmtpProvider:
                 )
             if name in message:  # X-Email-Event-Id: the adapter's own value stands
                 continue
-            try:
-                message[name] = value
-            except (ValueError, HeaderParseError) as exc:
-                raise PermanentError(f"header {name!r}: {exc}", code="invalid_header") from exc
-        message.set_content(email.text)
-        if email.html is not None:
-            message.add_alternative(email.html, subtype="html")
-        return message, sender_address
+            message.add(name, value)
+        return message, envelope_from
 
     # ---- the call ---------------------------------------------------------------------------
 
     def send(self, email: OutgoingEmail) -> Accepted:
-        message, envelope_from = self.build_message(email)
         try:
-            payload = message.as_bytes(policy=SMTP_POLICY)
-        except (UnicodeError, ValueError) as exc:  # a header the library cannot write out
+            message, _ = self.build_message(email)
+        except UnicodeError as exc:  # text no UTF-8 can carry (a lone surrogate)
             raise PermanentError(
                 f"the message cannot be serialized: {exc}", code="unencodable_text"
             ) from exc
         self.limiter.acquire()
         try:
-            self._deliver(envelope_from, email.to, payload)
+            self._deliver(message)
         except DeliveryError:
             raise
         except Exception as exc:
@@ -244,15 +252,16 @@ class SmtpProvider:
         for connection in idle:
             _quit(connection)
 
-    def _deliver(self, envelope_from: str, to: str, payload: bytes) -> None:
+    def _deliver(self, message: SmtpMessage) -> None:
         connection, reused = self._checkout()
+        server = f"{self.host}:{self.port}"
         try:
             try:
-                _transact(connection, envelope_from, to, payload, reused=reused)
+                _transact(connection, message, server, reused=reused)
             except _StaleConnection:
                 _quit(connection)
                 connection = self._connect()
-                _transact(connection, envelope_from, to, payload, reused=False)
+                _transact(connection, message, server, reused=False)
         finally:
             self._checkin(connection)
 
@@ -316,13 +325,35 @@ class SmtpProvider:
         return ssl.create_default_context(cafile=self.ca_file)
 
 
-def _transact(
-    connection: smtplib.SMTP, envelope_from: str, to: str, payload: bytes, *, reused: bool
-) -> None:
-    """One SMTP transaction: MAIL FROM, RCPT TO, DATA. Leaves the connection reusable."""
-    options = [f"SIZE={len(payload)}"] if connection.has_extn("size") else []
+def _transact(connection: smtplib.SMTP, message: SmtpMessage, server: str, *, reused: bool) -> None:
+    """One SMTP transaction: MAIL FROM, RCPT TO, DATA. However it ends, the connection is left
+    with no transaction open (RSET after a refusal, closed when its state is unknown), so the
+    next message on it is not refused as a nested MAIL."""
+    connection.command_encoding = "ascii"  # smtplib keeps UTF-8 on after an SMTPUTF8 one
+    options: list[str] = []
+    eight_bit = message.has_8bit_body and connection.has_extn("8bitmime")
+    if message.smtputf8_reason is not None:
+        if not connection.has_extn("smtputf8"):
+            raise PermanentError(
+                f"{message.smtputf8_reason}: that needs SMTPUTF8 (RFC 6531), which {server} "
+                "does not offer",
+                code="smtp_smtputf8_unavailable",
+            )
+        options.append("SMTPUTF8")
+        # UTF-8 headers are 8-bit data: declared so where the server takes it.
+        eight_bit = connection.has_extn("8bitmime")
+    if eight_bit:
+        options.append("BODY=8BITMIME")
     try:
-        code, reply = connection.mail(envelope_from, options)
+        payload = message.as_bytes(eight_bit=eight_bit)
+    except (UnicodeError, ValueError) as exc:  # a lone surrogate in a body, say
+        raise PermanentError(
+            f"the message cannot be serialized: {exc}", code="unencodable_text"
+        ) from exc
+    if connection.has_extn("size"):
+        options.insert(0, f"SIZE={len(payload)}")
+    try:
+        code, reply = connection.mail(message.envelope_from, options)
     except (smtplib.SMTPServerDisconnected, OSError) as exc:
         if reused:
             raise _StaleConnection from exc
@@ -331,19 +362,35 @@ def _transact(
         raise _StaleConnection
     if code != 250:
         _reset(connection, code)
-        raise smtplib.SMTPSenderRefused(code, reply, envelope_from)
-    code, reply = connection.rcpt(to)
-    if code not in (250, 251):
-        _reset(connection, code)
-        raise smtplib.SMTPRecipientsRefused({to: (code, reply)})
+        raise smtplib.SMTPSenderRefused(code, reply, message.envelope_from)
+    # A transaction is open from here: every way out of it below aborts it.
+    in_data = False
     try:
-        code, reply = connection.data(payload)
-    except smtplib.SMTPDataError as exc:  # DATA itself refused (no 354)
+        code, reply = connection.rcpt(message.envelope_to)
+        if code not in (250, 251):
+            raise smtplib.SMTPRecipientsRefused({message.envelope_to: (code, reply)})
+        in_data = True
+        code, reply = connection.data(payload)  # SMTPDataError when DATA gets no 354
+        if code != 250:
+            raise smtplib.SMTPDataError(code, reply)
+    except smtplib.SMTPRecipientsRefused as exc:
+        _reset(connection, next(iter(exc.recipients.values()))[0])
+        raise
+    except smtplib.SMTPResponseException as exc:  # a reply: the server is between commands
         _reset(connection, exc.smtp_code)
         raise
-    if code != 250:
-        _reset(connection, code)
-        raise smtplib.SMTPDataError(code, reply)
+    except BaseException as exc:
+        lost = isinstance(exc, smtplib.SMTPServerDisconnected) or (
+            isinstance(exc, OSError) and not isinstance(exc, smtplib.SMTPException)
+        )
+        # Mid-DATA no command would be read as one, and after a socket error or timeout a late
+        # reply could be read as RSET's: the connection is dropped. Otherwise nothing left
+        # unanswered is on the wire, and RSET aborts the transaction.
+        if in_data or lost or not isinstance(exc, Exception):
+            connection.close()
+        else:
+            _reset(connection, 0)
+        raise
 
 
 def _reset(connection: smtplib.SMTP, code: int) -> None:

@@ -112,15 +112,15 @@ def _configuration_conditions(email_provider: EmailProviderResource) -> list[fou
 )
 def alerts_sensor(
     context: SensorEvaluationContext,
-    app_database: AppDatabase,
-    lane_policy: LanePolicy,
+    email_database: AppDatabase,
+    email_lanes: LanePolicy,
     email_provider: EmailProviderResource,
-    alerts: AlertSettings,
+    email_alerts: AlertSettings,
 ) -> SensorResult | SkipReason:
     now = utcnow()
-    lanes = [lane_policy.config_for(lane.value) for lane in LANES]
-    dagster_side, dagster_kinds = _dagster_conditions(context, app_database, alerts)
-    with app_database.get_engine().begin() as connection:
+    lanes = [email_lanes.config_for(lane.value) for lane in LANES]
+    dagster_side, dagster_kinds = _dagster_conditions(context, email_database, email_alerts)
+    with email_database.get_engine().begin() as connection:
         conditions = [
             *found.dead_letter_conditions(connection),
             *found.late_lane_conditions(connection, lanes, now),

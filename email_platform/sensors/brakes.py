@@ -153,11 +153,11 @@ def make_brake_sensor(policy: BrakePolicy | None = None) -> SensorDefinition:
             "it measured."
         ),
     )
-    def _brake_sensor(context: SensorEvaluationContext, app_database: AppDatabase) -> SkipReason:
+    def _brake_sensor(context: SensorEvaluationContext, email_database: AppDatabase) -> SkipReason:
         settings = (policy or BrakePolicy()).settings()
         if not settings.enabled:
             return SkipReason("Brakes are off (EMAIL_PLATFORM_BRAKES=off).")
-        outcome = evaluate_brakes(app_database, settings)
+        outcome = evaluate_brakes(email_database, settings)
         if outcome.startswith("BRAKE:"):
             context.log.warning(outcome, **logs.fields(lane=BRAKED_LANE.value))
         return SkipReason(outcome)

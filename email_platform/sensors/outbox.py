@@ -30,7 +30,12 @@ from email_platform.jobs import (
 )
 from email_platform.lanes import DEFAULT_LANE_CONFIGS, LANES, Lane, LaneConfig, outbox_sensor_name
 from email_platform.resources import AppDatabase, LanePolicy
-from email_platform.sensors.runs import instance_of, warm_workers_held, whole_batches
+from email_platform.sensors.runs import (
+    UNFINISHED_RUN_STATUSES,
+    instance_of,
+    warm_workers_held,
+    whole_batches,
+)
 from email_platform.store import lane_pauses, lane_workers, outbox
 from email_platform.timeutil import as_utc, utcnow
 
@@ -78,13 +83,6 @@ def plan_run_requests(
     return requests
 
 
-#: Worker runs that have not finished (a queued one counts: it will start).
-UNFINISHED_RUN_STATUSES = [
-    DagsterRunStatus.QUEUED,
-    DagsterRunStatus.NOT_STARTED,
-    DagsterRunStatus.STARTING,
-    DagsterRunStatus.STARTED,
-]
 #: Most of a worker's lifetime after which the sensor starts its successor, so the lane is
 #: never without one while the old worker finishes.
 HANDOVER_S = 60.0
@@ -301,17 +299,17 @@ def make_outbox_sensor(lane: Lane) -> SensorDefinition:
         ),
     )
     def _outbox_sensor(
-        context: SensorEvaluationContext, app_database: AppDatabase, lane_policy: LanePolicy
+        context: SensorEvaluationContext, email_database: AppDatabase, email_lanes: LanePolicy
     ) -> SensorResult | SkipReason:
-        config = lane_policy.config_for(lane.value)
-        paused = paused_lane_reason(app_database, lane.value)
+        config = email_lanes.config_for(lane.value)
+        paused = paused_lane_reason(email_database, lane.value)
         if paused is not None:
             return SkipReason(paused)
         if config.workers > 0:
-            return keep_workers(context, app_database, config)
+            return keep_workers(context, email_database, config)
         now = utcnow()
         limit = config.batch_size * config.max_runs_per_tick
-        with app_database.get_engine().begin() as connection:
+        with email_database.get_engine().begin() as connection:
             holders = outbox.holders_past_lease(connection, lane.value, now)
             instance = instance_of(context)
             if holders:

@@ -9,6 +9,7 @@ from dagster import (
     job,
 )
 
+from email_platform.loggers import JOB_LOGGERS
 from email_platform.ops.retention import purge_retention
 
 #: Daily, at a quiet hour (UTC). A run left over from yesterday is harmless: every batch is
@@ -26,6 +27,7 @@ RETENTION_CRON = "17 3 * * *"
     ),
     tags={"email/job": "retention"},
     executor_def=in_process_executor,
+    logger_defs=JOB_LOGGERS,
 )
 def retention_job() -> None:
     purge_retention()

@@ -29,10 +29,10 @@ MAX_FAST_REREQUESTS = 5
         "letters the run recorded stay as they are."
     ),
 )
-def email_run_failure_sensor(context: RunFailureSensorContext, app_database: AppDatabase) -> None:
+def email_run_failure_sensor(context: RunFailureSensorContext, email_database: AppDatabase) -> None:
     run = context.dagster_run
     released: list[str] = []
-    with app_database.get_engine().begin() as connection:
+    with email_database.get_engine().begin() as connection:
         released = outbox.release_run(connection, run.run_id)
         inbox.release_run(connection, run.run_id)
         # Events and webhooks the run never claimed (it died before the claim) can be

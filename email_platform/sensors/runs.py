@@ -12,10 +12,21 @@ from dagster import (
     SensorEvaluationContext,
 )
 
+from email_platform.lanes import STOP_TAG
+
 T = TypeVar("T")
 
 #: Key in the instance's key-value store: until when (epoch seconds) no warm worker is started.
 WARM_HOLD_KEY = "email_platform/warm_workers_held_until"
+#: Worker runs that have not finished (a queued one counts: it will start). Here, not in
+#: ``outbox``: the outbox sensors and ``stop_lane_workers`` both read it, and ``outbox``
+#: imports this module.
+UNFINISHED_RUN_STATUSES = [
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+]
 
 
 def instance_of(context: SensorEvaluationContext) -> DagsterInstance | None:
@@ -49,9 +60,6 @@ def stop_lane_workers(instance: DagsterInstance, lane: str | None = None) -> int
     """Tag every unfinished lane-worker run (of ``lane``, or all) with ``STOP_TAG``; returns how
     many are unfinished. Each sees its batch in flight through, gives back what it holds and
     ends as a success within seconds; a queued one ends so as soon as it starts."""
-    from email_platform.lanes import STOP_TAG
-    from email_platform.sensors.outbox import UNFINISHED_RUN_STATUSES
-
     runs = instance.get_runs(
         RunsFilter(
             job_name="lane_worker_job",

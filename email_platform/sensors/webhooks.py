@@ -31,10 +31,10 @@ REQUEST_TIMEOUT_S = 300
     ),
 )
 def webhook_inbox_sensor(
-    context: SensorEvaluationContext, app_database: AppDatabase
+    context: SensorEvaluationContext, email_database: AppDatabase
 ) -> SensorResult | SkipReason:
     now = utcnow()
-    with app_database.get_engine().begin() as connection:
+    with email_database.get_engine().begin() as connection:
         stored = inbox.find_requestable(
             connection, now, REQUEST_TIMEOUT_S, BATCH_SIZE * MAX_RUNS_PER_TICK
         )

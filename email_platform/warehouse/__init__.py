@@ -14,7 +14,8 @@ snapshot analysts open read-only. One module per part:
   compaction.
 - ``files``: the writer file, the lock, connections; publishing a snapshot and preparing the
   next writer file.
-- ``refreshing``: ``refresh()``, one refresh from the lock to the published snapshot.
+- ``refreshing``: ``refresh()``, one refresh from the lock to the published snapshot;
+  ``summary``: ``RefreshSummary``, what it did.
 - ``rates``: the funnel's rates (as ``analytics/email_funnel_daily.sql`` defines them) per
   template and overall over the newest days: ``template_rates``, for the metadata, the chart,
   the demo and the CLI.
@@ -58,7 +59,7 @@ from email_platform.warehouse.rates import (
     Rate,
     template_rates,
 )
-from email_platform.warehouse.refreshing import DEFAULT_LOOKBACK_S, RefreshSummary, refresh
+from email_platform.warehouse.refreshing import DEFAULT_LOOKBACK_S, refresh
 from email_platform.warehouse.report import (
     FunnelReport,
     funnel_chart_svg,
@@ -78,6 +79,7 @@ from email_platform.warehouse.sources import (
     Source,
     operational_fingerprint,
 )
+from email_platform.warehouse.summary import RefreshSummary
 
 __all__ = [
     "DEFAULT_LOOKBACK_S",

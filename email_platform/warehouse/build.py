@@ -8,7 +8,7 @@ drift from the load). ``email_funnel`` and ``email_funnel_daily`` are tables: a 
 their SQL; an incremental build recomputes only the funnel rows of messages touched by the load
 (the message changed, or it got an attempt, provider event or dead letter) and only the daily
 rows of the days those messages belong to. A change to a model's SQL file triggers a full build
-of the models (``_models_fingerprint``, kept in ``warehouse_state``).
+of the models (``models_fingerprint``, kept in ``warehouse_state``).
 
 The SQL files live in ``analytics/``, where analysts read them (file name = table name = asset
 name). The package reads them as its resources through ``email_platform/warehouse/sql``, a
@@ -25,7 +25,7 @@ from importlib.resources.abc import Traversable
 
 import duckdb
 
-from email_platform.warehouse.files import _literal
+from email_platform.warehouse.files import literal
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Model:
 FUNNEL = "email_funnel"
 FUNNEL_DAILY = "email_funnel_daily"
 # The one list of models, in build order (a view is created after the views it reads). Only
-# the two funnel models are tables; _build_models builds each of them by name.
+# the two funnel models are tables; build_models builds each of them by name.
 MODELS: tuple[Model, ...] = (
     Model(
         "stg_events",
@@ -149,7 +149,7 @@ def model_sql(name: str) -> str:
     return sql_file(f"{name}.sql").read_text()
 
 
-def _models_fingerprint() -> str:
+def models_fingerprint() -> str:
     digest = hashlib.sha256()
     for name in MODEL_NAMES:
         digest.update(name.encode())
@@ -157,7 +157,7 @@ def _models_fingerprint() -> str:
     return digest.hexdigest()[:16]
 
 
-def _build_models(connection: duckdb.DuckDBPyConnection, full: bool) -> tuple[int, int, int]:
+def build_models(connection: duckdb.DuckDBPyConnection, full: bool) -> tuple[int, int, int]:
     """Staging views, then the funnel and the daily table: whole, or only what changed.
     Returns the messages and days rebuilt and the rows deleted to rebuild them."""
     for name in STAGING_MODELS:
@@ -196,7 +196,7 @@ def _build_models(connection: duckdb.DuckDBPyConnection, full: bool) -> tuple[in
     ).fetchone()[0]
     # Not sorted (0.02 s at 1M): the rows are a mix of new messages and old ones spread over
     # weeks, so sorting would not narrow the zone maps of the row groups they fill.
-    with _shadowed(connection, _scope_filters(connection)):
+    with shadowed(connection, _scope_filters(connection)):
         connection.execute(
             f"INSERT INTO {FUNNEL} SELECT * FROM (\n{model_sql(FUNNEL)}\n) "
             "WHERE message_id IN (SELECT message_id FROM _scope)"
@@ -209,7 +209,7 @@ def _build_models(connection: duckdb.DuckDBPyConnection, full: bool) -> tuple[in
     deleted += connection.execute(
         f"DELETE FROM {FUNNEL_DAILY} WHERE day IN (SELECT day FROM _days)"
     ).fetchone()[0]
-    with _shadowed(connection, {FUNNEL: "day IN (SELECT day FROM _days)"}):
+    with shadowed(connection, {FUNNEL: "day IN (SELECT day FROM _days)"}):
         connection.execute(
             f"INSERT INTO {FUNNEL_DAILY} SELECT * FROM (\n{model_sql(FUNNEL_DAILY)}\n) "
             "WHERE day IN (SELECT day FROM _days) ORDER BY ALL"
@@ -227,12 +227,12 @@ def _scope_filters(connection: duckdb.DuckDBPyConnection) -> dict[str, str]:
         "raw_email_attempts": scoped,
         "raw_email_events": scoped,
         "raw_dead_letters": scoped,
-        "raw_email_outbox": f"{_event_id_range(connection, events, 'event_id')} "
+        "raw_email_outbox": f"{event_id_range(connection, events, 'event_id')} "
         "AND event_id IN (SELECT event_id FROM temp.main.raw_email_messages)",
     }
 
 
-def _event_id_range(connection: duckdb.DuckDBPyConnection, rows: str, column: str) -> str:
+def event_id_range(connection: duckdb.DuckDBPyConnection, rows: str, column: str) -> str:
     """``column`` within the range of ``rows``' event ids, as literals: zone maps then skip the
     row groups outside it (DuckDB derives no range from a join on strings, so matching events
     by id read every row of a 1M-row table). Correct for any ids; ULIDs, sortable by time,
@@ -242,11 +242,11 @@ def _event_id_range(connection: duckdb.DuckDBPyConnection, rows: str, column: st
     ).fetchone()
     if lowest is None:
         return "false"
-    return f"{column} BETWEEN {_literal(lowest)} AND {_literal(highest)}"
+    return f"{column} BETWEEN {literal(lowest)} AND {literal(highest)}"
 
 
 @contextmanager
-def _shadowed(connection: duckdb.DuckDBPyConnection, filters: dict[str, str]) -> Iterator[None]:
+def shadowed(connection: duckdb.DuckDBPyConnection, filters: dict[str, str]) -> Iterator[None]:
     """Shadow each named table with a temp view of only its rows matching the filter, for the
     duration of the block.
 

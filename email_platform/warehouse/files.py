@@ -19,7 +19,7 @@ lock error, never a changing file. Building in place would be cheaper but is not
 readers around. Refreshes are serialized by an ``flock`` on ``<warehouse>.lock``.
 
 Also here: the connections to those files (the writer's settings, the read-only reader's) and
-``_literal``, the SQL literal the refresh's own statements use instead of bound parameters.
+``literal``, the SQL literal the refresh's own statements use instead of bound parameters.
 """
 
 import fcntl
@@ -76,7 +76,7 @@ def writer_lock(
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _connect(path: str | os.PathLike[str], *, read_only: bool) -> duckdb.DuckDBPyConnection:
+def connect(path: str | os.PathLike[str], *, read_only: bool) -> duckdb.DuckDBPyConnection:
     if read_only:
         connection = duckdb.connect(os.fspath(path), read_only=True)
     else:
@@ -104,11 +104,11 @@ def _connect(path: str | os.PathLike[str], *, read_only: bool) -> duckdb.DuckDBP
         # five pairs 1.29 -> 1.13 s), analyst questions as fast or faster (no decompression).
         # Dictionary compression still serves repeated strings (templates, lanes, statuses).
         connection.execute("SET disabled_compression_methods = 'fsst'")
-    _configure_session(connection)
+    configure_session(connection)
     return connection
 
 
-def _configure_session(connection: duckdb.DuckDBPyConnection) -> None:
+def configure_session(connection: duckdb.DuckDBPyConnection) -> None:
     """Per-connection settings; also for the cursors a refresh opens on its writer."""
     if connection.execute("SELECT current_database()").fetchone()[0] == "memory":
         connection.execute(f"USE {WRITER_CATALOG}")
@@ -118,10 +118,10 @@ def _configure_session(connection: duckdb.DuckDBPyConnection) -> None:
 
 def connect_read_only(warehouse_path: str | os.PathLike[str]) -> duckdb.DuckDBPyConnection:
     """What an analyst opens: the published snapshot, read-only. Never blocks a refresh."""
-    return _connect(warehouse_path, read_only=True)
+    return connect(warehouse_path, read_only=True)
 
 
-def _literal(value: str | int | datetime | None) -> str:
+def literal(value: str | int | datetime | None) -> str:
     """A SQL literal for the refresh's own statements. They bind no parameters: DuckDB's
     Python client imports pandas on the first bound parameter, 0.18 s of every refresh run."""
     if value is None:
@@ -137,20 +137,20 @@ def _literal(value: str | int | datetime | None) -> str:
 # Publishing: the next writer file, patched or copied
 
 
-def _connect_writer(warehouse_path: Path, writer: Path, *, full: bool) -> duckdb.DuckDBPyConnection:
+def connect_writer(warehouse_path: Path, writer: Path, *, full: bool) -> duckdb.DuckDBPyConnection:
     """Open the writer file read-write. If a reader in another process locked it between the
     check and here (it is a former snapshot), start over from a copy of the snapshot: DuckDB's
     lock refuses the writer, so the reader's file is never written under it."""
     try:
-        return _connect(writer, read_only=False)
+        return connect(writer, read_only=False)
     except duckdb.IOException as error:
         if full or not warehouse_path.exists() or "lock" not in str(error).lower():
             raise
-    _copy_durably(warehouse_path, writer)
-    return _connect(writer, read_only=False)
+    copy_durably(warehouse_path, writer)
+    return connect(writer, read_only=False)
 
 
-def _prepare_next_writer(snapshot: Path, writer: Path, retired: Path | None) -> str:
+def prepare_next_writer(snapshot: Path, writer: Path, retired: Path | None) -> str:
     """Give the next refresh a private writer file equal to the new snapshot; returns how it
     was made: "patched" or "copied".
 
@@ -162,14 +162,14 @@ def _prepare_next_writer(snapshot: Path, writer: Path, retired: Path | None) -> 
     """
     if retired is not None:
         try:
-            if not _held_open(retired):
+            if not held_open(retired):
                 _patch_durably(snapshot, writer, retired)
                 return "patched"
         except _HeldOpenError:
             pass  # a reader locked it after the check; the patch wrote nothing
         retired.unlink(missing_ok=True)
     # Flushed, so the next checkpoint only syncs its own writes.
-    _copy_durably(snapshot, writer)
+    copy_durably(snapshot, writer)
     return "copied"
 
 
@@ -182,7 +182,7 @@ PATCH_CHUNK = 256 * 1024  # DuckDB's block size: a changed block costs one chunk
 
 def _patch_durably(source: Path, target: Path, stale: Path) -> None:
     """Make ``stale`` byte-identical to ``source`` by writing only the chunks that differ, and
-    rename it to ``target``. Like ``_copy_durably``, a crash leaves no ``target`` or a whole
+    rename it to ``target``. Like ``copy_durably``, a crash leaves no ``target`` or a whole
     one: the patch happens under a temporary name that the next refresh removes."""
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     os.replace(stale, temporary)
@@ -219,7 +219,7 @@ def _write_differences(source: BinaryIO, target: BinaryIO) -> None:
     os.ftruncate(descriptor, offset)
 
 
-def _held_open(path: Path) -> bool:
+def held_open(path: Path) -> bool:
     """Whether any process (this one included) holds a lock on ``path``'s file: DuckDB takes a
     shared ``fcntl`` lock on the whole file for each read-only connection, for as long as it
     is open. Read from ``/proc/locks`` rather than by trying a lock: POSIX record locks do not
@@ -241,7 +241,7 @@ def _held_open(path: Path) -> bool:
     )
 
 
-def _retire(snapshot: Path) -> Path | None:
+def retire(snapshot: Path) -> Path | None:
     """Give the current snapshot a second name to unlink later."""
     if not snapshot.exists():
         return None
@@ -250,7 +250,7 @@ def _retire(snapshot: Path) -> Path | None:
     return retired
 
 
-def _remove_leftovers(warehouse_path: Path) -> None:
+def remove_leftovers(warehouse_path: Path) -> None:
     """Files a killed refresh left behind: an old snapshot's second name, a half-made copy
     (as big as the warehouse). Refreshes hold the lock, so none of these is in use."""
     folder, name = warehouse_path.parent, glob.escape(warehouse_path.name)
@@ -259,7 +259,7 @@ def _remove_leftovers(warehouse_path: Path) -> None:
             leftover.unlink(missing_ok=True)
 
 
-def _copy_durably(source: Path, target: Path) -> None:
+def copy_durably(source: Path, target: Path) -> None:
     """Copy ``source`` to ``target`` through a flushed temporary file and a rename, so a crash
     leaves either no ``target`` or a whole one."""
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")

@@ -17,7 +17,7 @@ ids); a trigger records each deleted row in ``email_event_deletions``, which is 
 way and removes the deleted versions.
 
 What to write is found first, read-only, in the in-memory ``stage`` catalog, two sources at a
-time (``_stage_all``); ``_write_source`` then writes it in the refresh's transaction and
+time (``stage_all``); ``write_source`` then writes it in the refresh's transaction and
 remembers which messages' funnel rows it touched (``build.AFFECTED``).
 """
 
@@ -29,8 +29,8 @@ from datetime import UTC, datetime
 import duckdb
 
 from email_platform.db.schema import email_attempts, email_events, email_messages, email_outbox
-from email_platform.warehouse.build import AFFECTED, _event_id_range
-from email_platform.warehouse.files import _configure_session, _literal
+from email_platform.warehouse.build import AFFECTED, event_id_range
+from email_platform.warehouse.files import configure_session, literal
 from email_platform.warehouse.scanners import AttachedSource
 from email_platform.warehouse.sources import DELETIONS, SOURCES_BY_NAME, Source
 
@@ -69,13 +69,13 @@ def _stage_source(
     """Read the source's rows changed since ``since`` and find the new or different ones.
 
     Read-only towards the warehouse: its tables go to the in-memory ``stage`` catalog, so the
-    sources are staged on two connections at once (see ``_stage_all``) before the refresh's
+    sources are staged on two connections at once (see ``stage_all``) before the refresh's
     transaction writes them.
     """
     raw = source.raw_table
     staged = _Staged(source)
     if since is None and not connection.execute(f"SELECT 1 FROM {raw} LIMIT 1").fetchone():
-        staged.first_load = True  # loaded straight from the source by _write_source
+        staged.first_load = True  # loaded straight from the source by write_source
         return staged
     incoming, existing, changed = (
         staged.table("_incoming"),
@@ -111,7 +111,7 @@ def _stage_source(
         f"CREATE OR REPLACE TABLE {existing} AS SELECT r.rowid AS _row, "
         + ", ".join(f"r.{name}" for name in kept)
         + f" FROM {raw} AS r SEMI JOIN {incoming} AS i ON {_key_match(source)} "
-        f"WHERE r.{key} BETWEEN {_literal(lowest)} AND {_literal(highest)}"
+        f"WHERE r.{key} BETWEEN {literal(lowest)} AND {literal(highest)}"
     )
     if connection.execute(f"SELECT 1 FROM {existing} LIMIT 1").fetchone():
         same_version = " AND ".join(
@@ -171,7 +171,7 @@ def _stage_events(
     return staged
 
 
-def _stage_all(
+def stage_all(
     connection: duckdb.DuckDBPyConnection,
     attached: AttachedSource,
     since: dict[str, datetime | None],
@@ -189,7 +189,7 @@ def _stage_all(
     cursors = [connection.cursor() for _ in range(2)]
     free: queue.SimpleQueue[duckdb.DuckDBPyConnection] = queue.SimpleQueue()
     for cursor in cursors:
-        _configure_session(cursor)
+        configure_session(cursor)
         free.put(cursor)
 
     def stage(name: str) -> _Staged:
@@ -215,7 +215,7 @@ def _stage_all(
             cursor.close()
 
 
-def _write_source(
+def write_source(
     connection: duckdb.DuckDBPyConnection,
     attached: AttachedSource,
     staged: _Staged,
@@ -274,7 +274,7 @@ def _mark_affected(connection: duckdb.DuckDBPyConnection, source: Source, rows: 
     if source.table is email_outbox:
         connection.execute(
             f"INSERT INTO {AFFECTED} SELECT m.message_id FROM raw_email_messages AS m "
-            f"WHERE {_event_id_range(connection, rows, 'm.event_id')} "
+            f"WHERE {event_id_range(connection, rows, 'm.event_id')} "
             f"AND m.event_id IN (SELECT event_id FROM {rows})"
         )
     else:

@@ -20,7 +20,7 @@ from typing import Any
 
 import duckdb
 
-from email_platform.warehouse.build import FUNNEL, FUNNEL_DAILY, _shadowed, model_sql
+from email_platform.warehouse.build import FUNNEL, FUNNEL_DAILY, model_sql, shadowed
 from email_platform.warehouse.files import connect_read_only
 
 
@@ -207,7 +207,7 @@ def _daily_of_events(connection: duckdb.DuckDBPyConnection, event_ids: Sequence[
         "CREATE OR REPLACE TEMP TABLE _rate_events AS SELECT unnest(?::VARCHAR[]) AS event_id",
         [list(event_ids)],
     )
-    with _shadowed(connection, {FUNNEL: "event_id IN (SELECT event_id FROM _rate_events)"}):
+    with shadowed(connection, {FUNNEL: "event_id IN (SELECT event_id FROM _rate_events)"}):
         connection.execute(
             f"CREATE OR REPLACE TEMP TABLE _rate_daily AS\n{model_sql(FUNNEL_DAILY)}"
         )

@@ -15,7 +15,6 @@ nothing was new or changed, the snapshot and the writer file stay as they are.
 
 import os
 import time
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -28,67 +27,37 @@ from email_platform.warehouse.build import (
     AFFECTED,
     FUNNEL,
     FUNNEL_DAILY,
-    _build_models,
-    _models_fingerprint,
+    build_models,
+    models_fingerprint,
 )
 from email_platform.warehouse.files import (
-    _connect,
-    _connect_writer,
-    _copy_durably,
-    _held_open,
-    _prepare_next_writer,
-    _remove_leftovers,
-    _retire,
+    connect,
+    connect_writer,
+    copy_durably,
+    held_open,
+    prepare_next_writer,
+    remove_leftovers,
+    retire,
     writer_lock,
     writer_path,
 )
-from email_platform.warehouse.load import STAGE, _stage_all, _write_source
+from email_platform.warehouse.load import STAGE, stage_all, write_source
 from email_platform.warehouse.report import funnel_totals
 from email_platform.warehouse.scanners import attach, detach
 from email_platform.warehouse.sources import DELETIONS, SOURCES
 from email_platform.warehouse.state import (
     UNVACUUMED_STATE,
-    _compact,
-    _ensure_schema,
-    _load_state,
-    _needs_compacting,
-    _save_state,
-    _state_value,
-    _vacuum_policy,
+    compact,
+    ensure_schema,
+    load_state,
+    needs_compacting,
+    save_state,
+    state_value,
+    vacuum_policy,
 )
+from email_platform.warehouse.summary import RefreshSummary
 
 DEFAULT_LOOKBACK_S = 120
-
-
-@dataclass
-class RefreshSummary:
-    """What one refresh did: rows read and written per source, the build, the timings."""
-
-    warehouse_path: str
-    full_build: bool
-    rows_read: dict[str, int] = field(default_factory=dict)
-    rows_loaded: dict[str, int] = field(default_factory=dict)
-    # Loaded rows removed because the source deleted them (provider events: see DELETIONS).
-    rows_removed: dict[str, int] = field(default_factory=dict)
-    high_water_marks: dict[str, datetime | None] = field(default_factory=dict)
-    messages_rebuilt: int = 0
-    days_rebuilt: int = 0
-    # Rows deleted to replace them (loaded rows that changed, rebuilt funnel and daily rows).
-    rows_deleted: int = 0
-    table_rows: dict[str, int] = field(default_factory=dict)
-    timings_s: dict[str, float] = field(default_factory=dict)
-    funnel: dict[str, float | int | None] = field(default_factory=dict)
-    # How the next refresh's writer file was made: "patched" (the replaced snapshot) or
-    # "copied" (see _prepare_next_writer).
-    next_writer: str | None = None
-    # Whether deleted rows were compacted out of the writer file after publishing (_compact).
-    compacted: bool = False
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-
-    @property
-    def total_loaded(self) -> int:
-        return sum(self.rows_loaded.values())
 
 
 def refresh(
@@ -140,24 +109,24 @@ def _refresh_locked(
         warehouse_path=str(warehouse_path), full_build=full, started_at=datetime.now(UTC)
     )
     writer = writer_path(warehouse_path)
-    _remove_leftovers(warehouse_path)
+    remove_leftovers(warehouse_path)
     if full and writer.exists():
         writer.unlink()
-    elif not full and warehouse_path.exists() and (not writer.exists() or _held_open(writer)):
+    elif not full and warehouse_path.exists() and (not writer.exists() or held_open(writer)):
         # Either the last refresh published and stopped before preparing the next writer file,
         # or the writer file is a former snapshot an analyst still has open: continue from a
         # copy of the snapshot (it holds everything, its state included).
-        _copy_durably(warehouse_path, writer)
-    connection = _connect_writer(warehouse_path, writer, full=full)
+        copy_durably(warehouse_path, writer)
+    connection = connect_writer(warehouse_path, writer, full=full)
     try:
-        _ensure_schema(connection)
-        state = _load_state(connection)
-        state_deleted = int(_state_value(connection, UNVACUUMED_STATE) or 0)
+        ensure_schema(connection)
+        state = load_state(connection)
+        state_deleted = int(state_value(connection, UNVACUUMED_STATE) or 0)
         if full:
             state = {}
         phase = time.perf_counter()
-        fingerprint = _models_fingerprint()
-        rebuild = full or _state_value(connection, "models") != fingerprint
+        fingerprint = models_fingerprint()
+        rebuild = full or state_value(connection, "models") != fingerprint
         attached = attach(connection, engine)
         connection.execute(f"ATTACH ':memory:' AS {STAGE}")
         since = {
@@ -176,7 +145,7 @@ def _refresh_locked(
         # (Committed loads with an uncommitted rebuild would be skipped as "already loaded".)
         # What to write is found before it, read-only (the writer lock keeps other writers out).
         try:
-            staged = _stage_all(connection, attached, since)
+            staged = stage_all(connection, attached, since)
             connection.execute("BEGIN TRANSACTION")
         except BaseException:
             detach(connection, attached)
@@ -184,7 +153,7 @@ def _refresh_locked(
         try:
             connection.execute(f"CREATE OR REPLACE TEMP TABLE {AFFECTED} (message_id BIGINT)")
             loads = {
-                source.name: _write_source(
+                source.name: write_source(
                     connection, attached, staged[source.name], mark_affected=not rebuild
                 )
                 for source in SOURCES
@@ -203,12 +172,12 @@ def _refresh_locked(
 
             phase = time.perf_counter()
             summary.full_build = rebuild
-            summary.messages_rebuilt, summary.days_rebuilt, rebuilt = _build_models(
+            summary.messages_rebuilt, summary.days_rebuilt, rebuilt = build_models(
                 connection, rebuild
             )
             summary.rows_deleted = deleted + rebuilt
-            unvacuumed = _vacuum_policy(connection, summary, state_deleted, rebuild)
-            _save_state(connection, summary, fingerprint, unvacuumed)
+            unvacuumed = vacuum_policy(connection, summary, state_deleted, rebuild)
+            save_state(connection, summary, fingerprint, unvacuumed)
             summary.timings_s["build"] = time.perf_counter() - phase
             phase = time.perf_counter()
             # Nothing new or changed (the look-back window re-read only what is loaded): the
@@ -244,7 +213,7 @@ def _refresh_locked(
         warehouse_path.parent.mkdir(parents=True, exist_ok=True)
         # The old snapshot keeps a second name through the swap: it becomes the next writer
         # file (or is unlinked) after the new data is visible.
-        retired = _retire(warehouse_path)
+        retired = retire(warehouse_path)
         # The closed, checkpointed writer file becomes the snapshot in one rename: readers see
         # the new data now, and nothing writes that file again.
         os.replace(writer, warehouse_path)
@@ -252,10 +221,10 @@ def _refresh_locked(
         summary.timings_s["publish"] = time.perf_counter() - phase
         summary.timings_s["visible"] = time.perf_counter() - started
         phase = time.perf_counter()
-        summary.next_writer = _prepare_next_writer(warehouse_path, writer, retired)
+        summary.next_writer = prepare_next_writer(warehouse_path, writer, retired)
         summary.timings_s["prepare_next"] = time.perf_counter() - phase
     # Numbers for the UI, read from what was just built: readers already have it.
-    reader = _connect(built, read_only=True)
+    reader = connect(built, read_only=True)
     try:
         summary.table_rows = {
             name: reader.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0]
@@ -266,10 +235,10 @@ def _refresh_locked(
         reader.close()
     # The private writer file (the next refresh's, or this one's when not publishing) is
     # compacted once deleted rows add up: readers have the new data already.
-    summary.compacted = not unchanged and _needs_compacting(summary, unvacuumed)
+    summary.compacted = not unchanged and needs_compacting(summary, unvacuumed)
     if summary.compacted:
         phase = time.perf_counter()
-        _compact(writer)
+        compact(writer)
         summary.timings_s["compact"] = time.perf_counter() - phase
     summary.timings_s["total"] = time.perf_counter() - started
     summary.finished_at = datetime.now(UTC)

@@ -65,7 +65,7 @@ SOURCES: tuple[Source, ...] = (
             ("resolution", "VARCHAR"),
             ("done_at", TS),
             # Added later: last, so a raw table of an older warehouse file gets them appended
-            # (see state._ensure_schema) in the order the load writes them.
+            # (see state.ensure_schema) in the order the load writes them.
             ("trace_id", "VARCHAR"),
             ("correlation_id", "VARCHAR"),
             ("producer", "VARCHAR"),

@@ -13,19 +13,16 @@ compacted after the new snapshot is published, so the snapshot after next is com
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import duckdb
 
 from email_platform.warehouse.build import FUNNEL, FUNNEL_DAILY
-from email_platform.warehouse.files import _connect, _literal
+from email_platform.warehouse.files import connect, literal
 from email_platform.warehouse.sources import SOURCES
-
-if TYPE_CHECKING:
-    from email_platform.warehouse.refreshing import RefreshSummary
+from email_platform.warehouse.summary import RefreshSummary
 
 STATE_TABLE = "warehouse_state"
-# The state row counting the deleted rows not compacted yet (see _vacuum_policy, _compact).
+# The state row counting the deleted rows not compacted yet (see vacuum_policy, compact).
 UNVACUUMED_STATE = "unvacuumed_rows"
 VACUUM_SHARE = 0.05
 # Its first version had a primary key; touching that index first thing in a refresh cost
@@ -33,7 +30,7 @@ VACUUM_SHARE = 0.05
 _OLD_STATE_TABLE = "warehouse_load_state"
 
 
-def _ensure_schema(connection: duckdb.DuckDBPyConnection) -> None:
+def ensure_schema(connection: duckdb.DuckDBPyConnection) -> None:
     connection.execute(
         f"CREATE TABLE IF NOT EXISTS {STATE_TABLE} ("
         "name VARCHAR NOT NULL, high_water_mark TIMESTAMP, value VARCHAR, "
@@ -61,21 +58,21 @@ def _ensure_schema(connection: duckdb.DuckDBPyConnection) -> None:
                 connection.execute(f"ALTER TABLE {source.raw_table} ADD COLUMN {name} {kind}")
 
 
-def _load_state(connection: duckdb.DuckDBPyConnection) -> dict[str, datetime]:
+def load_state(connection: duckdb.DuckDBPyConnection) -> dict[str, datetime]:
     rows = connection.execute(
         f"SELECT name, high_water_mark FROM {STATE_TABLE} WHERE high_water_mark IS NOT NULL"
     ).fetchall()
     return {name: mark.replace(tzinfo=UTC) for name, mark in rows}
 
 
-def _vacuum_policy(
+def vacuum_policy(
     connection: duckdb.DuckDBPyConnection,
-    summary: "RefreshSummary",
+    summary: RefreshSummary,
     deleted_before: int,
     rebuild: bool,
 ) -> int:
     """Keep the refresh's own commit from compacting; returns the deleted rows left
-    uncompacted after it (``_compact`` removes them once they add up).
+    uncompacted after it (``compact`` removes them once they add up).
 
     Compacting (DuckDB's vacuum) rewrites whole row groups to drop the rows a refresh replaced
     (the funnel rows of touched messages, changed messages). A realistic refresh at 1M messages
@@ -90,11 +87,11 @@ def _vacuum_policy(
     return deleted_before + summary.rows_deleted
 
 
-def _needs_compacting(summary: "RefreshSummary", unvacuumed: int) -> bool:
+def needs_compacting(summary: RefreshSummary, unvacuumed: int) -> bool:
     return unvacuumed > VACUUM_SHARE * summary.table_rows.get(FUNNEL, 0)
 
 
-def _compact(path: Path) -> None:
+def compact(path: Path) -> None:
     """Compact the deleted rows out of a warehouse file no reader holds (the next writer file,
     after publishing): what the refresh's commit left undone, off the path to visibility.
 
@@ -104,7 +101,7 @@ def _compact(path: Path) -> None:
     as they were. One transaction: a crash leaves the file as it was, still uncompacted, and
     the next refresh's publish compacts it then.
     """
-    connection = _connect(path, read_only=False)
+    connection = connect(path, read_only=False)
     try:
         connection.execute("RESET max_vacuum_tasks")
         connection.execute("BEGIN TRANSACTION")
@@ -116,23 +113,23 @@ def _compact(path: Path) -> None:
             connection.execute(f"DELETE FROM {table} WHERE rowid = {last}")
             connection.execute(f"INSERT INTO {table} SELECT * FROM _last")
         connection.execute(
-            f"UPDATE {STATE_TABLE} SET value = '0' WHERE name = {_literal(UNVACUUMED_STATE)}"
+            f"UPDATE {STATE_TABLE} SET value = '0' WHERE name = {literal(UNVACUUMED_STATE)}"
         )
         connection.execute("COMMIT")  # checkpoints, compacting as it writes each table
     finally:
         connection.close()
 
 
-def _state_value(connection: duckdb.DuckDBPyConnection, name: str) -> str | None:
+def state_value(connection: duckdb.DuckDBPyConnection, name: str) -> str | None:
     row = connection.execute(
-        f"SELECT value FROM {STATE_TABLE} WHERE name = {_literal(name)}"
+        f"SELECT value FROM {STATE_TABLE} WHERE name = {literal(name)}"
     ).fetchone()
     return row[0] if row else None
 
 
-def _save_state(
+def save_state(
     connection: duckdb.DuckDBPyConnection,
-    summary: "RefreshSummary",
+    summary: RefreshSummary,
     fingerprint: str,
     unvacuumed: int,
 ) -> None:
@@ -144,7 +141,7 @@ def _save_state(
     rows.append(("models", None, fingerprint, summary.messages_rebuilt, now))
     rows.append((UNVACUUMED_STATE, None, str(unvacuumed), summary.rows_deleted, now))
     connection.execute(f"DELETE FROM {STATE_TABLE}")
-    values = ", ".join("(" + ", ".join(_literal(v) for v in row) + ")" for row in rows)
+    values = ", ".join("(" + ", ".join(literal(v) for v in row) + ")" for row in rows)
     connection.execute(f"INSERT INTO {STATE_TABLE} VALUES {values}")
 
 

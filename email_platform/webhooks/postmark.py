@@ -59,9 +59,12 @@ TemplateRenderingFailed  100010  failed
 Other records: ``Delivery`` -> delivered, ``SpamComplaint`` -> complained, ``Open`` -> opened
 (machine opens detected by ``opens.is_machine_open`` from ``UserAgent`` and ``Geo.IP``:
 Postmark has no bot flag), ``Click`` -> clicked (``OriginalLink``), ``SubscriptionChange`` ->
-unsubscribed when ``SuppressSending`` is true (the ``SuppressionReason`` - HardBounce,
-SpamComplaint, ManualSuppression - is kept as the reason) and subscribed when false (a
-reactivation). An unknown ``RecordType`` or bounce ``Type`` is ``unknown``, never an error.
+by its ``SuppressionReason`` when ``SuppressSending`` is true - ``HardBounce`` bounced hard
+(suppressed as a hard bounce), ``SpamComplaint`` complained, ``ManualSuppression`` (the
+recipient's unsubscribe link, or the account's block with ``Origin`` Customer/Admin)
+unsubscribed - and subscribed when false (a reactivation,
+https://postmarkapp.com/developer/webhooks/subscription-change-webhook).
+An unknown ``RecordType`` or bounce ``Type`` is ``unknown``, never an error.
 """
 
 import base64
@@ -205,6 +208,13 @@ def normalize(body: bytes) -> list[NormalizedEvent]:
 #: What a SubscriptionChange's ``SuppressionReason`` suppresses: an unsubscribe stops bulk
 #: mail only, these stop every route (Postmark refuses mail to them on the stream anyway).
 SUPPRESSION_REASONS = {"HardBounce": "hard_bounce", "SpamComplaint": "complaint"}
+#: A SubscriptionChange's ``SuppressionReason`` -> (vocabulary event, bounce type); any other
+#: reason (``ManualSuppression``: the recipient's unsubscribe, or the account's block) is an
+#: unsubscribe.
+SUBSCRIPTION_EVENTS: dict[str, tuple[str, str | None]] = {
+    "HardBounce": ("bounced", "hard"),
+    "SpamComplaint": ("complained", None),
+}
 
 
 def _suppression(reason: str | None, origin: str | None) -> str:
@@ -237,10 +247,14 @@ def _event(payload: dict[str, Any], record_type: str) -> NormalizedEvent:
         suppress = payload.get("SuppressSending")
         if not isinstance(suppress, bool):
             raise ValueError("SuppressSending is not a boolean")
-        event_type = "unsubscribed" if suppress else "subscribed"
         reason = stripped_text(payload.get("SuppressionReason")) if suppress else None
         if suppress:
             suppression = _suppression(reason, stripped_text(payload.get("Origin")))
+            # Postmark's cause is the event: a bounce-driven suppression is a hard bounce and
+            # a complaint-driven one a complaint, so the funnel does not count them as opt-outs.
+            event_type, bounce_type = SUBSCRIPTION_EVENTS.get(reason or "", ("unsubscribed", None))
+        else:
+            event_type = "subscribed"  # a reactivation: Postmark will send to it again
 
     metadata = payload.get("Metadata") or {}
     if not isinstance(metadata, dict):

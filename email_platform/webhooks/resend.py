@@ -39,10 +39,13 @@ email.clicked            clicked       ``click.link``, ``click.userAgent``,
                                        ``click.ipAddress``
 email.failed             failed        ``failed.reason``
 email.suppressed         rejected      Resend did not send: the address is on its list
+                                       (so is an email.bounced whose message says
+                                       "Resend has suppressed sending ...")
 anything else            unknown       contact.*, domain.*, email.received, ...
 =======================  ============  ===============================================
 
-Linking back: ``data.email_id`` is the provider message id the send adapter stored. The adapter
+Linking back: ``data.email_id`` is the provider message id the send adapter stored (not on
+``email.received``: that id names an inbound email). The adapter
 (``email_platform.providers.resend``) sends ``event_id`` and ``idempotency_key`` as tags whose
 values pass through ``tag_value``, which replaces every character outside ``[A-Za-z0-9_-]`` by
 ``_`` and cuts at 256. A tag value is therefore read back only when it is exactly recoverable -
@@ -82,8 +85,14 @@ EVENT_TYPES = {
     "email.suppressed": "rejected",
 }
 
+#: Events about mail Resend received for us (inbound), not about mail we sent.
+INBOUND_TYPES = frozenset({"email.received"})
+
 #: ``data.bounce.type`` -> hard or soft.
 BOUNCE_TYPES = {"permanent": "hard", "transient": "soft", "undetermined": "soft"}
+
+#: How Resend's ``email.bounced`` for an address on its suppression list begins its message.
+SUPPRESSED_MESSAGE = "Resend has suppressed sending to this address"
 
 _HEADER_NAMES = ("id", "timestamp", "signature")
 
@@ -140,6 +149,10 @@ def _event(payload: dict[str, Any], kind: str, data: dict[str, Any]) -> Normaliz
         bounce = as_object(data.get("bounce"))
         bounce_type = BOUNCE_TYPES.get(str(bounce.get("type") or "permanent").lower(), "soft")
         reason = _reason(bounce.get("type"), bounce.get("subType"), bounce.get("message"))
+        if _suppressed_not_sent(bounce):
+            # Resend never tried: the address was already on its suppression list. As
+            # email.suppressed: rejected, not a bounce of this message.
+            event_type, bounce_type = "rejected", None
     elif event_type == "failed":
         reason = _reason(None, None, as_object(data.get("failed")).get("reason"))
     elif event_type == "rejected":
@@ -163,7 +176,8 @@ def _event(payload: dict[str, Any], kind: str, data: dict[str, Any]) -> Normaliz
         recipient=_recipient(data.get("to")),
         event_id=recoverable(tags.get("event_id"), 26),
         idempotency_key=recoverable(tags.get("idempotency_key"), 255),
-        provider_message_id=stripped_text(data.get("email_id")),
+        # An inbound email's id names a message Resend received, never one we sent.
+        provider_message_id=None if kind in INBOUND_TYPES else stripped_text(data.get("email_id")),
         reject_reason=reason,
         bounce_type=bounce_type,
         click_url=stripped_text(click.get("link")) if event_type == "clicked" else None,
@@ -172,6 +186,14 @@ def _event(payload: dict[str, Any], kind: str, data: dict[str, Any]) -> Normaliz
         machine_open=machine,
         raw=payload,
     )
+
+
+def _suppressed_not_sent(bounce: dict[str, Any]) -> bool:
+    """An ``email.bounced`` Resend sent for an address on its own account's suppression list
+    (before it had ``email.suppressed``; as received: no type, only the message "Resend has
+    suppressed sending to this address ..."). SES's ``subType`` ``Suppressed`` is not this: it
+    is a recent hard bounce of the address, a hard bounce here too."""
+    return str(bounce.get("message") or "").startswith(SUPPRESSED_MESSAGE)
 
 
 def _tags(value: object) -> dict[str, str]:

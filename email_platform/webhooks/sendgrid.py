@@ -203,9 +203,13 @@ def message_id_of(sg_message_id: Any) -> str | None:
 
     Today's ids look like ``<X-Message-Id>.filterdrecv-…`` (the X-Message-Id has no dot), older
     ones like ``14c5d75ce93.dfd.64b469.filter0001.…``: cut at ``.filter`` when present, else at
-    the first dot.
+    the first dot. An event SendGrid raised before it gave the message an id (a ``dropped``
+    event, as received: ``filter0093p1las1.9128.5717FB8127.0``) carries only its filter's id,
+    which names no message: None.
     """
     if not isinstance(sg_message_id, str) or not sg_message_id:
+        return None
+    if sg_message_id.startswith("filter"):
         return None
     if ".filter" in sg_message_id:
         return sg_message_id.split(".filter", 1)[0] or None

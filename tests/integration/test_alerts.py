@@ -42,12 +42,12 @@ from tests.support import dead_letters_of, publish_across_lanes, run_send, signu
 
 def _resources(database_url: str, sandbox_url: str, **changes) -> dict:  # type: ignore[no-untyped-def]
     return {
-        "app_database": AppDatabase(url=database_url),
-        "lane_policy": LanePolicy(overrides_json=changes.pop("lanes", None)),
+        "email_database": AppDatabase(url=database_url),
+        "email_lanes": LanePolicy(overrides_json=changes.pop("lanes", None)),
         "email_provider": changes.pop(
             "provider", EmailProviderResource(provider="sandbox", base_url=sandbox_url)
         ),
-        "alerts": AlertSettings(**changes),
+        "email_alerts": AlertSettings(**changes),
     }
 
 
@@ -225,14 +225,14 @@ def test_the_alert_run_posts_the_alert_and_succeeds_when_the_chat_is_down():
     with chat as url:
         result = alert_job.execute_in_process(
             run_config=alert_run_config(_transition("resolved")),
-            resources={"alerts": AlertSettings(slack_url=url)},
+            resources={"email_alerts": AlertSettings(slack_url=url)},
         )
     assert result.success
     assert result.output_for_node("announce_alert")["slack"] == "posted"
     assert chat.posts[0]["text"].startswith(":white_check_mark: RESOLVED `lane_late:bulk`")
     down = alert_job.execute_in_process(
         run_config=alert_run_config(_transition()),
-        resources={"alerts": AlertSettings(slack_url="http://127.0.0.1:9/hook")},
+        resources={"email_alerts": AlertSettings(slack_url="http://127.0.0.1:9/hook")},
     )
     assert down.success
     assert down.output_for_node("announce_alert")["slack"].startswith("not posted: ")

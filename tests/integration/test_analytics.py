@@ -570,15 +570,15 @@ def test_a_refresh_that_fails_half_way_leaves_nothing_half_done(engine, tmp_path
     generate(engine, messages=300, days=1, end=now - timedelta(hours=1))
     warehouse.refresh(engine, path)
     batch = generate(engine, messages=50, days=0.005, end=now, seed=9, late_events_for_existing=20)
-    build = refreshing._build_models
+    build = refreshing.build_models
 
     def fail_after_the_loads(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise RuntimeError("killed during the build")
 
-    monkeypatch.setattr(refreshing, "_build_models", fail_after_the_loads)
+    monkeypatch.setattr(refreshing, "build_models", fail_after_the_loads)
     with pytest.raises(RuntimeError, match="killed during the build"):
         warehouse.refresh(engine, path)
-    monkeypatch.setattr(refreshing, "_build_models", build)
+    monkeypatch.setattr(refreshing, "build_models", build)
     retry = warehouse.refresh(engine, path)
     assert retry.rows_loaded["email_messages"] == 50 + batch.statuses_raised
     assert not retry.full_build
@@ -803,7 +803,7 @@ def test_deleted_rows_are_compacted_after_publishing_once_they_add_up(
 
 def test_strings_are_written_without_fsst(engine, tmp_path):
     """The writer leaves FSST out (a quarter of the cost of inserting new rows; see
-    warehouse.files._connect). At this size DuckDB picks it for event ids when allowed."""
+    warehouse.files.connect). At this size DuckDB picks it for event ids when allowed."""
     from bench.generate import generate
 
     generate(engine, messages=2000, days=1, end=datetime.now(UTC) - timedelta(hours=1))
@@ -1030,8 +1030,8 @@ def test_assets_materialize_with_metadata_and_checks_in_dagster(engine, database
     result = materialize(
         [analytics_warehouse, *analytics_checks],
         resources={
-            "app_database": AppDatabase(url=database_url),
-            "warehouse": Warehouse(path=str(path), rate_check_min_messages=1),
+            "email_database": AppDatabase(url=database_url),
+            "email_warehouse": Warehouse(path=str(path), rate_check_min_messages=1),
         },
     )
     assert result.success
@@ -1085,8 +1085,8 @@ def test_assets_materialize_with_metadata_and_checks_in_dagster(engine, database
     assert (complaints["min_messages"].value, complaints["rows_checked"].value) == (1, 3)
     # Again: nothing new loads; with the reconcile tag, everything is rebuilt from scratch.
     resources = {
-        "app_database": AppDatabase(url=database_url),
-        "warehouse": Warehouse(path=str(path)),
+        "email_database": AppDatabase(url=database_url),
+        "email_warehouse": Warehouse(path=str(path)),
     }
     again = materialize([analytics_warehouse], resources=resources)
     sends = {m.asset_key.path[-1]: m for m in again.get_asset_materialization_events()}["stg_sends"]
@@ -1105,15 +1105,21 @@ def test_code_location_registers_assets_checks_sensor_and_resource():
     keys = {key.path[-1] for key in repository.asset_graph.get_all_asset_keys()}
     assert set(warehouse.MODEL_NAMES) <= keys
     assert {"email_outbox", "email_messages", "email_events"} <= keys
-    node = repository.assets_defs_by_key[AssetKey("email_funnel")]
-    assert node.specs_by_key[AssetKey("email_funnel")].group_name == "analytics"
+    # Every asset under the platform's prefix, in its one group: nothing a project's own
+    # assets could collide with when the definitions are merged.
+    assert all(
+        key.path[0] == "email_platform" for key in repository.asset_graph.get_all_asset_keys()
+    )
+    funnel = AssetKey(["email_platform", "email_funnel"])
+    node = repository.assets_defs_by_key[funnel]
+    assert {spec.group_name for spec in node.specs} == {"email_platform"}
     for spec in node.specs:
         assert spec.description and len(spec.description) > 20
     check_keys = repository.asset_graph.asset_check_keys
     assert len(check_keys) == len(analytics_checks)
     sensor = repository.get_sensor_def("analytics_refresh_sensor")
     assert sensor.default_status.value == "RUNNING" and sensor.description
-    assert "warehouse" in repository.get_top_level_resources()
+    assert "email_warehouse" in repository.get_top_level_resources()
     assert analytics_assets[0] is analytics_warehouse
 
 
@@ -1126,8 +1132,8 @@ def test_sensor_requests_a_refresh_only_when_something_changed(engine, database_
 
     def tick(cursor, interval_s=0.001):  # type: ignore[no-untyped-def]
         resources = {
-            "app_database": AppDatabase(url=database_url),
-            "warehouse": Warehouse(refresh_interval_s=interval_s),
+            "email_database": AppDatabase(url=database_url),
+            "email_warehouse": Warehouse(refresh_interval_s=interval_s),
         }
         with build_sensor_context(instance=instance, resources=resources, cursor=cursor) as ctx:
             return analytics_refresh_sensor(ctx), ctx.cursor
@@ -1173,7 +1179,7 @@ def test_sensor_requests_a_refresh_only_when_something_changed(engine, database_
 
     instance.add_run(
         DagsterRun(
-            job_name="__ASSET_JOB",
+            job_name="email_analytics_job",
             run_id="f" * 36,
             tags=reconcile.tags,
             status=DagsterRunStatus.FAILURE,

@@ -60,8 +60,8 @@ def test_real_sends_and_webhooks_land_in_the_funnel(engine, database_url, sandbo
     )
     path = tmp_path / "warehouse.duckdb"
     resources = {
-        "app_database": AppDatabase(url=database_url),
-        "warehouse": Warehouse(path=str(path)),
+        "email_database": AppDatabase(url=database_url),
+        "email_warehouse": Warehouse(path=str(path)),
     }
     result = materialize([analytics_warehouse, *analytics_checks], resources=resources)
     assert result.success

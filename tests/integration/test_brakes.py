@@ -72,7 +72,7 @@ def _report(engine, sandbox_url: str, kinds: dict[str, str]) -> None:  # type: i
 
 def _brake(database_url: str, policy: BrakePolicy | None = POLICY) -> str:
     sensor = make_brake_sensor(policy)
-    with build_sensor_context(resources={"app_database": AppDatabase(url=database_url)}) as ctx:
+    with build_sensor_context(resources={"email_database": AppDatabase(url=database_url)}) as ctx:
         result = sensor(ctx)
     assert isinstance(result, SkipReason)  # a brake never launches a run
     return result.skip_message
@@ -106,7 +106,7 @@ def test_a_hard_bounce_spike_pauses_bulk_only_with_rate_threshold_and_counts(
 
     # Visible where an operator looks: the bulk sensor's tick and `lanes status`.
     lanes = LanePolicy(overrides_json="{}")
-    resources = {"app_database": AppDatabase(url=database_url), "lane_policy": lanes}
+    resources = {"email_database": AppDatabase(url=database_url), "email_lanes": lanes}
     with build_sensor_context(resources=resources) as context:
         skipped = make_outbox_sensor(Lane.BULK)(context)
     assert isinstance(skipped, SkipReason)

@@ -235,8 +235,8 @@ def test_an_erased_person_is_nowhere_and_stays_suppressed(
         assert suppressions.reasons_for(connection, [ADDRESS]) == {ADDRESS.lower(): "complaint"}
     path = tmp_path / "warehouse.duckdb"
     resources = {
-        "app_database": AppDatabase(url=database_url),
-        "warehouse": Warehouse(path=str(path)),
+        "email_database": AppDatabase(url=database_url),
+        "email_warehouse": Warehouse(path=str(path)),
     }
     assert materialize(
         [analytics_warehouse, *analytics_checks], resources=resources, instance=instance

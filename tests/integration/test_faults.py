@@ -105,8 +105,8 @@ def test_a_batch_run_killed_holding_claims_is_failed_once_its_leases_lapse(
         os.kill(child.pid, signal.SIGKILL)
         child.join()
     resources = {
-        "app_database": AppDatabase(url=database_url),
-        "lane_policy": LanePolicy(overrides_json='{"transactional": {"workers": 0}}'),
+        "email_database": AppDatabase(url=database_url),
+        "email_lanes": LanePolicy(overrides_json='{"transactional": {"workers": 0}}'),
     }
     with DagsterInstance.from_config(str(home)) as instance:
         # Within its leases the run is left alone: its process might be alive.
@@ -157,8 +157,8 @@ def test_events_whose_run_waits_in_the_queue_are_not_requested_again(engine, dat
     from email_platform.timeutil import utcnow
 
     resources = {
-        "app_database": AppDatabase(url=database_url),
-        "lane_policy": LanePolicy(
+        "email_database": AppDatabase(url=database_url),
+        "email_lanes": LanePolicy(
             overrides_json=(
                 '{"transactional": {"workers": 0, "request_timeout_s": 1, "batch_size": 2}}'
             )
@@ -227,7 +227,7 @@ def test_stored_webhooks_wait_for_a_full_batch_while_an_ingestion_run_is_queued(
     from email_platform.store import inbox
     from email_platform.timeutil import utcnow
 
-    resources = {"app_database": AppDatabase(url=database_url)}
+    resources = {"email_database": AppDatabase(url=database_url)}
 
     def store(n: int) -> list[int]:
         with engine.begin() as connection:
@@ -282,7 +282,7 @@ def test_webhooks_of_an_ingestion_run_that_died_before_its_claim_are_requested_a
     from email_platform.store import inbox
     from email_platform.timeutil import utcnow
 
-    resources = {"app_database": AppDatabase(url=database_url)}
+    resources = {"email_database": AppDatabase(url=database_url)}
     with engine.begin() as connection:
         ids = [
             inbox.store(

@@ -161,8 +161,8 @@ def test_any_reason_and_name_is_stored_as_given_or_refused_by_name(engine, reaso
 
 def _tick(lane: Lane, database_url: str, instance=None, lanes_json: str = "{}"):  # type: ignore[no-untyped-def]
     resources = {
-        "app_database": AppDatabase(url=database_url),
-        "lane_policy": LanePolicy(overrides_json=lanes_json),
+        "email_database": AppDatabase(url=database_url),
+        "email_lanes": LanePolicy(overrides_json=lanes_json),
     }
     with build_sensor_context(instance=instance, resources=resources) as context:
         return make_outbox_sensor(lane)(context)

@@ -510,8 +510,8 @@ def _sensor_tick(instance: DagsterInstance, database_url: str, lanes_json: str |
     lanes = json.loads(lanes_json or "{}")
     lanes.setdefault("critical", {}).setdefault("warm_workers", 0)
     resources = {
-        "app_database": AppDatabase(url=database_url),
-        "lane_policy": LanePolicy(overrides_json=json.dumps(lanes)),
+        "email_database": AppDatabase(url=database_url),
+        "email_lanes": LanePolicy(overrides_json=json.dumps(lanes)),
     }
     with build_sensor_context(instance=instance, resources=resources) as context:
         return sensor(context)

@@ -389,7 +389,9 @@ def test_retention_job_purges_and_reports_counts(engine, database_url, monkeypat
 
     made = _landscape(engine)
     monkeypatch.setenv("EMAIL_PLATFORM_RETENTION_BATCH_SIZE", "3")
-    job = build_definitions(app_database=AppDatabase(url=database_url)).get_job_def("retention_job")
+    job = build_definitions(email_database=AppDatabase(url=database_url)).get_job_def(
+        "retention_job"
+    )
     with DagsterInstance.local_temp(str(tmp_path)) as instance:
         with engine.begin() as connection:  # a killed run's circuit row, and a fresh one
             for holder, age_s in [("killed-run", circuits.STALE_S + 60), ("live-run", 1)]:

@@ -62,8 +62,8 @@ def test_event_committed_out_of_ulid_order_is_still_sent(engine, database_url, s
 
     sensor = make_outbox_sensor(Lane.TRANSACTIONAL)
     resources = {
-        "app_database": AppDatabase(url=database_url),
-        "lane_policy": LanePolicy(overrides_json=BATCH_LANES_JSON),
+        "email_database": AppDatabase(url=database_url),
+        "email_lanes": LanePolicy(overrides_json=BATCH_LANES_JSON),
     }
     late = signup(engine, "late-1")
     with build_sensor_context(resources=resources) as context:
@@ -122,8 +122,8 @@ def test_claim_of_a_dead_run_is_recovered_after_its_lease(engine, database_url, 
     event_id = signup(engine, "u1")
     sensor = make_outbox_sensor(Lane.TRANSACTIONAL)
     resources = {
-        "app_database": AppDatabase(url=database_url),
-        "lane_policy": LanePolicy(overrides_json=BATCH_LANES_JSON),
+        "email_database": AppDatabase(url=database_url),
+        "email_lanes": LanePolicy(overrides_json=BATCH_LANES_JSON),
     }
     with build_sensor_context(resources=resources) as context:
         (request,) = sensor(context).run_requests

@@ -33,7 +33,7 @@ def unseen_by_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """Whether a reader holds a file is asked before opening the writer file (``refreshing``) and
     before patching the replaced snapshot (``files``): make both answers "no one"."""
     for module in (refreshing, files):
-        monkeypatch.setattr(module, "_held_open", lambda path: False)
+        monkeypatch.setattr(module, "held_open", lambda path: False)
 
 
 def digest(path: Path) -> str:
@@ -272,9 +272,9 @@ KILLED_REFRESH = textwrap.dedent(
 
 CRASH_POINTS = {
     # before the swap: the writer file holds the new build, the snapshot the old data
-    "after the old snapshot got its second name": ("refreshing", "_retire", "after"),
+    "after the old snapshot got its second name": ("refreshing", "retire", "after"),
     # after the swap: no writer file, the old snapshot only under its second name
-    "right after publishing": ("refreshing", "_prepare_next_writer", "before"),
+    "right after publishing": ("refreshing", "prepare_next_writer", "before"),
     # half-way through the patch: a half-patched file under a temporary name
     "during the patch": ("os", "pwrite", "after"),
     # patched and flushed, not yet renamed into place
@@ -319,7 +319,7 @@ KILLED_COMPACTION = textwrap.dedent(
 
     url, path = sys.argv[1:]
     state.VACUUM_SHARE = 0.0
-    connect = state._connect
+    connect = state.connect
 
     class Dying:
         def __init__(self, connection):
@@ -333,13 +333,13 @@ KILLED_COMPACTION = textwrap.dedent(
         def close(self):
             self.connection.close()
 
-    compact = refreshing._compact
+    compact = refreshing.compact
 
     def dying_compact(file):
-        state._connect = lambda *args, **kwargs: Dying(connect(*args, **kwargs))
+        state.connect = lambda *args, **kwargs: Dying(connect(*args, **kwargs))
         compact(file)
 
-    refreshing._compact = dying_compact
+    refreshing.compact = dying_compact
     warehouse.refresh(url, path)
     """
 )

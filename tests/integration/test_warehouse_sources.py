@@ -88,7 +88,7 @@ def test_only_the_refresh_connection_skips_the_signature_check_and_it_fetches_no
         "current_setting('autoinstall_known_extensions'), "
         "current_setting('autoload_known_extensions')"
     )
-    writer = files._connect(tmp_path / "w.duckdb", read_only=False)
+    writer = files.connect(tmp_path / "w.duckdb", read_only=False)
     try:
         assert writer.execute(settings).fetchone() == (True, False, False)
         engine = create_engine(f"sqlite:///{tmp_path / 'app.sqlite3'}")

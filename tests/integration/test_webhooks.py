@@ -168,7 +168,7 @@ def test_ingestion_job_applies_the_batch_and_purges_past_retention(
             ],
         )
     monkeypatch.setenv("EMAIL_PLATFORM_WEBHOOK_RETENTION_DAYS", "90")
-    job = build_definitions(app_database=AppDatabase(url=database_url)).get_job_def(
+    job = build_definitions(email_database=AppDatabase(url=database_url)).get_job_def(
         "ingest_webhooks_job"
     )
     result = job.execute_in_process(

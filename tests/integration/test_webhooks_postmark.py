@@ -142,25 +142,25 @@ def test_half_the_credentials_configured_answer_503_not_an_open_door(engine: Eng
 
 
 @pytest.mark.parametrize(
-    ("reason", "origin", "suppression"),
+    ("reason", "origin", "event_type", "suppression"),
     [
-        ("ManualSuppression", "Recipient", "unsubscribe"),  # the unsubscribe link
-        ("ManualSuppression", "Customer", "manual"),  # the account blocked the address
-        ("ManualSuppression", "Admin", "manual"),
-        ("HardBounce", "Recipient", "hard_bounce"),
-        ("SpamComplaint", "Recipient", "complaint"),
-        ("SomethingNew", "Recipient", "unsubscribe"),
+        ("ManualSuppression", "Recipient", "unsubscribed", "unsubscribe"),  # the unsubscribe link
+        ("ManualSuppression", "Customer", "unsubscribed", "manual"),  # the account's block
+        ("ManualSuppression", "Admin", "unsubscribed", "manual"),
+        ("HardBounce", "Recipient", "bounced", "hard_bounce"),
+        ("SpamComplaint", "Recipient", "complained", "complaint"),
+        ("SomethingNew", "Recipient", "unsubscribed", "unsubscribe"),
     ],
 )
 def test_a_subscription_change_suppresses_for_the_reason_postmark_names(
-    reason: str, origin: str, suppression: str
+    reason: str, origin: str, event_type: str, suppression: str
 ) -> None:
     """An unsubscribe stops bulk mail only; a suppression Postmark made for a hard bounce or a
     complaint stops every route, as the bounce or complaint itself would."""
     record = json.loads(fixture("subscription_change_unsubscribe"))
     record["SuppressionReason"], record["Origin"] = reason, origin
     (event,) = normalize(json.dumps(record).encode())
-    assert event.event_type == "unsubscribed"
+    assert event.event_type == event_type
     assert event.suppression_reason == suppression
     record["SuppressSending"] = False
     (event,) = normalize(json.dumps(record).encode())

@@ -14,6 +14,7 @@ def test_every_job_and_sensor_resolves_with_a_description():
     assert sorted(job.name for job in repository.get_all_jobs()) == [
         "__ASSET_JOB",  # Dagster's implicit job for the analytics assets
         "alert_job",
+        "email_analytics_job",
         "ingest_webhooks_job",
         "lane_worker_job",
         "retention_job",
@@ -60,9 +61,14 @@ def test_lane_sensors_target_the_send_and_worker_jobs_and_start_running():
 def test_required_resources_are_bound():
     repository = defs.get_repository_def()
     resources = repository.get_top_level_resources()
-    assert {"app_database", "email_provider", "lane_policy", "routing", "warehouse"} <= set(
-        resources
-    )
+    assert set(resources) == {
+        "email_database",
+        "email_provider",
+        "email_lanes",
+        "email_routing",
+        "email_warehouse",
+        "email_alerts",
+    }
 
 
 class _Attempt:

@@ -22,6 +22,8 @@ SHELL = (
     "jobs",
     "executors",
     "definitions",
+    # The Dagster Component (defs.yaml) over the definitions.
+    "component",
     "loggers",
     "cli",
 )

@@ -37,8 +37,8 @@ def _record_runs(home: Path, app_home: Path) -> str:
             [analytics_warehouse, *analytics_checks],
             instance=instance,
             resources={
-                "app_database": AppDatabase(url=database_url),
-                "warehouse": Warehouse(path=str(app_home / "warehouse.duckdb")),
+                "email_database": AppDatabase(url=database_url),
+                "email_warehouse": Warehouse(path=str(app_home / "warehouse.duckdb")),
             },
             raise_on_error=False,
         )
@@ -76,8 +76,12 @@ def test_the_webserver_serves_the_code_location_runs_and_asset_metadata(tmp_path
         }
         for kind, texts in described.items():
             assert all(text and len(text) > 20 for text in texts.values()), (kind, texts)
-        assert {"email_funnel", "stg_sends", "email_outbox"} <= set(described["assets"])
-        assert "email_funnel:one_row_per_message" in described["checks"]
+        assert {
+            "email_platform/email_funnel",
+            "email_platform/stg_sends",
+            "email_platform/email_outbox",
+        } <= set(described["assets"])
+        assert "email_platform/email_funnel:one_row_per_message" in described["checks"]
 
         runs = {run["runId"]: run for run in webserver.runs()}
         probe = runs[run_id]
@@ -87,11 +91,13 @@ def test_the_webserver_serves_the_code_location_runs_and_asset_metadata(tmp_path
         assert [run["runId"] for run in webserver.runs(job_name="probe_job")] == [run_id]
         assert any('"say_hello"' in message for message in webserver.run_log_messages(run_id))
 
-        funnel = webserver.latest_asset_metadata("email_funnel")
+        funnel = webserver.latest_asset_metadata("email_platform/email_funnel")
         assert funnel["dagster/row_count"] == 0
         assert isinstance(funnel["refresh_s"], float)
         assert funnel["full_build"] is True
-        checks = {check["name"]: check for check in webserver.asset_checks("email_funnel")}
+        checks = {
+            check["name"]: check for check in webserver.asset_checks("email_platform/email_funnel")
+        }
         assert set(checks) == {
             "one_row_per_message",
             "provider_events_joined",

@@ -21,7 +21,7 @@ from tests.paths import ROOT
 # The analyst's question and where the UI plots its answer (warehouse.template_rates).
 WELCOME_QUESTION = "welcome_open_rate_last_7_days.sql"
 WELCOME_SQL_COLUMN = "open_rate"
-WELCOME_RATE_ASSET = "email_funnel_daily"
+WELCOME_RATE_ASSET = "email_platform/email_funnel_daily"
 WELCOME_RATE_KEY = "welcome_open_rate_7d"
 
 
@@ -82,7 +82,9 @@ def test_the_operator_finds_the_runs_holding_dead_letters_in_the_check(webserver
         if "email/dead_letters" in run["tags"]
     ]
     (check,) = [
-        c for c in webserver.asset_checks("stg_dead_letters") if c["name"] == "open_dead_letters"
+        c
+        for c in webserver.asset_checks("email_platform/stg_dead_letters")
+        if c["name"] == "open_dead_letters"
     ]
     assert tagged["runId"] in str(check["metadata"]), check
 

@@ -1,0 +1,231 @@
+"""``EmailPlatformComponent``: the platform added to a Dagster project with the project's own
+tools (``dg scaffold defs email_platform.EmailPlatformComponent email``, ``dg check defs``).
+
+A ``defs.yaml`` names the database, the provider, the route table, the templates folder, the
+lanes and the warehouse; ``{{ env.X }}`` reads an environment variable when the definitions
+load. ``build_defs`` gives what ``build_definitions()`` gives, with these resources: keys,
+executor and loggers chosen so they merge into the project's own without a clash
+(docs/dagster-component.md).
+"""
+
+import json
+import textwrap
+from pathlib import Path
+
+import dagster as dg
+from pydantic import Field, field_validator
+
+from email_platform.config import PROVIDERS
+from email_platform.definitions import build_definitions
+from email_platform.lanes import LANES
+from email_platform.resources import (
+    AppDatabase,
+    EmailProviderResource,
+    LanePolicy,
+    RoutingResource,
+    Warehouse,
+)
+
+#: What ``dg scaffold defs`` writes when not told the route table: the shipped demo routes,
+#: named explicitly so nothing falls back to them silently.
+DEMO_ROUTES = "email_platform.routes:default_routes"
+
+
+class ProviderSettings(dg.Resolvable, dg.Model):
+    """The provider the send jobs hand messages to."""
+
+    name: str = Field(default="sandbox", description=f"One of: {', '.join(PROVIDERS)}.")
+    base_url: str | None = Field(default=None, description="The provider's API base URL.")
+    api_key_env: str | None = Field(
+        default=None,
+        description=(
+            "Name of the environment variable holding the API key, read when a run starts "
+            "(the UI shows the name, never the key). Unset: EMAIL_PLATFORM_<PROVIDER>_API_KEY."
+        ),
+    )
+    sender: str | None = Field(default=None, description="The From address.")
+    timeout_s: float | None = Field(default=None, description="Timeout of one provider call.")
+    rate_limit_per_s: float | None = Field(default=None, description="Most calls a second.")
+    options: dict[str, str] = Field(
+        default_factory=dict,
+        description='Provider options, e.g. {"domain": "mg.example.com"} for Mailgun.',
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value not in PROVIDERS:
+            raise ValueError(f"unknown provider {value!r}; expected one of {', '.join(PROVIDERS)}")
+        return value
+
+
+class LaneSettings(dg.Resolvable, dg.Model):
+    """Overrides of one lane's shipped settings (``email_platform.lanes.LaneConfig``)."""
+
+    batch_size: int | None = None
+    concurrency: int | None = None
+    interval_s: int | None = None
+    max_retries: int | None = None
+    retry_delay_s: float | None = None
+    max_retry_delay_s: float | None = None
+    lease_s: int | None = None
+    request_timeout_s: int | None = None
+    max_runs_per_tick: int | None = None
+    run_priority: int | None = None
+    workers: int | None = None
+    worker_poll_s: float | None = None
+    worker_lifetime_s: int | None = None
+    worker_idle_s: int | None = None
+    warm_workers: int | None = None
+    target_s: float | None = None
+    nice: int | None = None
+    batches_in_flight: int | None = None
+
+
+class ScaffoldParams(dg.Model):
+    routes: str | None = Field(
+        default=None, description='The route table, "package.module:ROUTES" (else the demo\'s).'
+    )
+    provider: str = Field(default="sandbox", description=f"One of: {', '.join(PROVIDERS)}.")
+
+
+class EmailPlatformScaffolder(dg.Scaffolder[ScaffoldParams]):
+    """Writes a ``defs.yaml`` whose every setting is named, commented and read from the
+    environment where a deployment differs."""
+
+    @classmethod
+    def get_scaffold_params(cls) -> type[ScaffoldParams]:
+        return ScaffoldParams
+
+    def scaffold(self, request: dg.ScaffoldRequest[ScaffoldParams]) -> None:
+        params = request.params or ScaffoldParams()
+        request.target_path.mkdir(parents=True, exist_ok=True)
+        (request.target_path / "defs.yaml").write_text(
+            defs_yaml(request.type_name, params.routes or DEMO_ROUTES, params.provider)
+        )
+
+
+def defs_yaml(type_name: str, routes: str, provider: str) -> str:
+    """The scaffolded ``defs.yaml``: every setting named, the deployment's from the environment."""
+    return textwrap.dedent(
+        f"""\
+        type: {type_name}
+
+        attributes:
+          # The route table publish() and the workers share: "package.module:ROUTES".
+          routes: "{routes}"
+          # Your application's database, where publish() writes the outbox (SQLAlchemy URL;
+          # `email-platform db upgrade` creates the tables). Unset: EMAIL_PLATFORM_DATABASE_URL.
+          database_url: "{{{{ env.DATABASE_URL }}}}"
+          provider:
+            name: {provider}
+            # The variable holding the API key, read when a run starts:
+            # api_key_env: {provider.upper()}_API_KEY
+          # Your templates (<template>/v<n>/subject.txt, text.txt, html.html), relative to this
+          # folder. Unset: the templates shipped with the platform.
+          # templates_dir: templates
+          # Per-lane overrides of the shipped settings, e.g.:
+          # lanes:
+          #   bulk: {{batch_size: 500, workers: 2}}
+          # The DuckDB file analysts read. Unset: EMAIL_PLATFORM_WAREHOUSE.
+          # warehouse_path: "{{{{ env.EMAIL_WAREHOUSE_PATH }}}}"
+        """
+    )
+
+
+@dg.scaffold_with(EmailPlatformScaffolder)
+class EmailPlatformComponent(dg.Component, dg.Resolvable, dg.Model):
+    """Event-driven transactional email: the lane sensors, send and lane-worker jobs, webhook
+    ingestion, alerts, retention and the analytics assets, over your database's outbox."""
+
+    routes: str = Field(
+        description=(
+            'The route table both publish() and the workers read: "package.module:ROUTES" '
+            "(a RouteTable) or a function returning one. The demo's is "
+            f'"{DEMO_ROUTES}".'
+        )
+    )
+    database_url: str | None = Field(
+        default=None,
+        description=(
+            "SQLAlchemy URL of the application database holding the outbox. Unset: "
+            "EMAIL_PLATFORM_DATABASE_URL when a run starts, else SQLite under ./.email_platform."
+        ),
+    )
+    provider: ProviderSettings | None = Field(
+        default=None,
+        description="The email provider. Unset: EMAIL_PLATFORM_PROVIDER and its variables.",
+    )
+    templates_dir: str | None = Field(
+        default=None,
+        description=(
+            "Folder of <template>/v<n>/ templates; a relative path is read from this "
+            "defs.yaml's folder. Unset: the templates shipped with the platform."
+        ),
+    )
+    lanes: dict[str, LaneSettings] = Field(
+        default_factory=dict,
+        description=(
+            f"Per-lane overrides ({', '.join(lane.value for lane in LANES)}), e.g. "
+            "{bulk: {batch_size: 500}}; set, they replace EMAIL_PLATFORM_LANES, and unset "
+            "fields keep the shipped settings."
+        ),
+    )
+    warehouse_path: str | None = Field(
+        default=None,
+        description=(
+            "DuckDB file analysts read. Unset: EMAIL_PLATFORM_WAREHOUSE, else "
+            "./.email_platform/warehouse.duckdb."
+        ),
+    )
+
+    @field_validator("routes")
+    @classmethod
+    def _reference(cls, value: str) -> str:
+        module, _, attribute = value.partition(":")
+        if not module or not attribute:
+            raise ValueError(f'routes must read "package.module:NAME", got {value!r}')
+        return value
+
+    @field_validator("lanes")
+    @classmethod
+    def _known_lanes(cls, value: dict[str, LaneSettings]) -> dict[str, LaneSettings]:
+        known = {lane.value for lane in LANES}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"unknown lane(s) {unknown}; expected some of {sorted(known)}")
+        return value
+
+    def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
+        return build_definitions(**self.resources(context.path))
+
+    def resources(self, folder: Path) -> dict:
+        """The resources by key, relative paths read from ``folder`` (the defs.yaml's)."""
+        templates = self.templates_dir
+        if templates is not None and not Path(templates).is_absolute():
+            templates = str((folder / templates).resolve())
+        overrides = {
+            lane: settings.model_dump(exclude_none=True) for lane, settings in self.lanes.items()
+        }
+        return {
+            "email_database": AppDatabase(url=self.database_url),
+            "email_provider": _provider(self.provider),
+            "email_lanes": LanePolicy(overrides_json=json.dumps(overrides) if overrides else None),
+            "email_routing": RoutingResource(routes_factory=self.routes, templates_dir=templates),
+            "email_warehouse": Warehouse(path=self.warehouse_path),
+        }
+
+
+def _provider(settings: ProviderSettings | None) -> EmailProviderResource:
+    if settings is None:
+        return EmailProviderResource()
+    return EmailProviderResource(
+        provider=settings.name,
+        base_url=settings.base_url,
+        # An EnvVar: read in the run, shown by name; the key never enters the definitions.
+        api_key=dg.EnvVar(settings.api_key_env) if settings.api_key_env else None,
+        sender=settings.sender,
+        timeout_s=settings.timeout_s,
+        rate_limit_per_s=settings.rate_limit_per_s,
+        options_json=json.dumps(settings.options) if settings.options else None,
+    )
