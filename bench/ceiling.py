@@ -3,7 +3,7 @@
 ``python -m bench.ceiling --database-url URL --sandbox-url URL [--batch-size 2000]
 [--in-flight 64] [--provider-batch 100] [--client loop|threads]`` loops until stopped: claim a
 batch of due outbox events (the same atomic claim as the send op), route and render them with
-the shipped routes and templates, send them on keep-alive connections, ``--in-flight`` calls at
+the demo's routes and templates, send them on keep-alive connections, ``--in-flight`` calls at
 once (``--provider-batch`` messages per call, as the real path does; 1 = a call per message)
 from tasks on one event loop through the adapter's async path, as the lane workers send
 (``--client loop``, the default since 2026-12-04), or from as many threads (``--client
@@ -37,7 +37,7 @@ from email_platform.providers.base import Accepted, OutgoingEmail
 from email_platform.providers.sandbox import SandboxProvider
 from email_platform.recipients import SqlDirectoryResolver
 from email_platform.rendering import PACKAGE_TEMPLATES, TemplateRenderer
-from email_platform.routes import RouteTable, default_routes
+from email_platform.routes import RouteTable, demo_routes
 from email_platform.sending.dispatch import messages_per_call
 from email_platform.store import outbox
 from email_platform.timeutil import utcnow
@@ -49,7 +49,7 @@ class Mailer:
     """Route, resolve and render one outbox event into the mail(s) it causes."""
 
     def __init__(self, engine: Engine) -> None:
-        self.routes: RouteTable = default_routes()
+        self.routes: RouteTable = demo_routes()
         self.renderer = TemplateRenderer(PACKAGE_TEMPLATES)
         self.resolver = SqlDirectoryResolver(
             engine, table_name="users", key_column="id", email_column="email"

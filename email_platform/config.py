@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PREFIX = "EMAIL_PLATFORM_"
+#: The one setting that names the route table, for ``publish()`` and the worker alike.
+ROUTES_SETTING = PREFIX + "ROUTES"
 DEFAULT_HOME = ".email_platform"
 #: Every provider the platform sends through: the one list the adapters, the webhook receiver
 #: and the configuration check read.
@@ -33,6 +35,11 @@ def database_url(env: Mapping[str, str] | None = None) -> str:
     if value:
         return value
     return f"sqlite:///{home_dir(env) / 'email_platform.sqlite3'}"
+
+
+def routes_spec(env: Mapping[str, str] | None = None) -> str | None:
+    """``package.module:NAME`` of the route table (``routes.configured_routes()`` loads it)."""
+    return _env(env).get(ROUTES_SETTING, "").strip() or None
 
 
 def warehouse_path(env: Mapping[str, str] | None = None) -> str:

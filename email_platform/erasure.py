@@ -29,7 +29,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Row
 
 from email_platform.redaction import mentions, scrub
-from email_platform.routes import RouteTable, default_routes
+from email_platform.routes import RouteTable, configured_routes
 from email_platform.store import (
     attempts,
     dead_letters,
@@ -118,7 +118,7 @@ def erase(
 
     Raises ``ValueError`` (an ``InvalidAddressError`` for a malformed address) before touching
     anything. ``routes`` name the recipient fields an aggregate's events carry (default: the
-    shipped routes).
+    configured table, ``EMAIL_PLATFORM_ROUTES``).
     """
     if not email and not aggregate_id:
         raise ValueError("say whom to erase: an email address, an aggregate id, or both")
@@ -129,7 +129,7 @@ def erase(
         if connection.dialect.name == "sqlite":
             # Freed and overwritten bytes are zeroed, not left in the file's free space.
             connection.exec_driver_sql("PRAGMA secure_delete = ON")
-        found = _find(connection, addresses, aggregate_id, routes or default_routes())
+        found = _find(connection, addresses, aggregate_id, routes or configured_routes())
         _erase_found(connection, found, report, now)
     report.storage = _flush_old_versions(engine)
     if warehouse_path is not None:

@@ -2,7 +2,6 @@
 
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from functools import cache
 from typing import Any
 
 from sqlalchemy import Connection
@@ -17,19 +16,15 @@ from email_platform.errors import (
 )
 from email_platform.ids import new_ulid
 from email_platform.lanes import Lane
-from email_platform.routes import RouteTable, default_routes
+from email_platform.routes import RouteTable, configured_routes
 from email_platform.store import outbox
 from email_platform.timeutil import utcnow
 
 
-@cache
-def _shipped_routes() -> RouteTable:
-    return default_routes()
-
-
 def _routes(routes: object) -> RouteTable:
     if routes is None:
-        return _shipped_routes()
+        # EMAIL_PLATFORM_ROUTES, the table the worker reads too; unset, a ConfigurationError.
+        return configured_routes()
     if not isinstance(routes, RouteTable):
         raise TypeError(f"routes must be a RouteTable, got {type(routes).__name__}")
     return routes

@@ -1,16 +1,31 @@
 """Routes: which mail an event causes, and upcasters for older event versions.
 
 Plain data and pure functions; the send op looks events up here, ``publish()`` reads the lane.
+One setting names the route table for the producer and the worker alike:
+``EMAIL_PLATFORM_ROUTES="package.module:NAME"`` (a ``RouteTable``, or a function returning one),
+read by ``configured_routes()``. Unset, it is a ``ConfigurationError``: the demo's routes are
+chosen explicitly, as ``DEMO_ROUTES``, never by default.
 """
 
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, time, timedelta
+from functools import cache
+from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from email_platform.errors import UnknownEventVersionError
+from email_platform import config
+from email_platform.errors import ConfigurationError, UnknownEventVersionError
 from email_platform.lanes import Lane
+
+#: The setting that names the route table (``config.ROUTES_SETTING``).
+ROUTES_SETTING = config.ROUTES_SETTING
+#: The demo's route table, for the demo, the local stack, the bench and tests to name.
+DEMO_ROUTES = "email_platform.routes:demo_routes"
+#: The demo's templates, shipped in the package (the demo table names them).
+DEMO_TEMPLATES = Path(__file__).parent / "templates"
 
 Payload = dict[str, Any]
 
@@ -148,6 +163,16 @@ class RouteTable:
     routes: list[Route] = field(default_factory=list)
     #: ``(event_type, from_version) -> function`` that returns the payload of ``from_version + 1``.
     upcasters: dict[tuple[str, int], Upcaster] = field(default_factory=dict)
+    #: The folder of ``<template>/v<n>/`` templates the routes name; the worker's
+    #: ``RoutingResource(templates_dir=...)`` overrides it. Neither set is a configuration error.
+    templates_dir: str | Path | None = None
+
+    def route(self, name: str) -> Route:
+        """The route called ``name`` (``KeyError`` naming the known ones if there is none)."""
+        for candidate in self.routes:
+            if candidate.name == name:
+                return candidate
+        raise KeyError(f"no route {name!r}; the table has {sorted(r.name for r in self.routes)}")
 
     def current_version(self, event_type: str) -> int | None:
         versions = [r.event_version for r in self.routes if r.event_type == event_type]
@@ -209,8 +234,9 @@ def _signed_up_v1_to_v2(payload: Payload) -> Payload:
     return payload
 
 
-def default_routes() -> RouteTable:
-    """The routes that ship with the platform and drive the demo."""
+def demo_routes() -> RouteTable:
+    """The demo's routes and templates (``DEMO_ROUTES``): what the demo, the local stack, the
+    bench and the tests choose; a deployment names its own table."""
     return RouteTable(
         routes=[
             Route(
@@ -255,4 +281,48 @@ def default_routes() -> RouteTable:
             ),
         ],
         upcasters={("user.signed_up", 1): _signed_up_v1_to_v2},
+        templates_dir=DEMO_TEMPLATES,
     )
+
+
+#: The former name of ``demo_routes``, kept for code that imports it; nothing falls back to it.
+default_routes = demo_routes
+
+
+def load_routes(spec: str) -> RouteTable:
+    """The table ``spec`` names: ``"package.module:NAME"``, a ``RouteTable`` or a function
+    returning one. Loaded once per process and spec (a table is read on every publish)."""
+    return _load_routes(spec.strip())
+
+
+@cache
+def _load_routes(spec: str) -> RouteTable:
+    module_name, colon, attribute = spec.partition(":")
+    if not colon or not module_name or not attribute:
+        raise ConfigurationError(
+            f"{ROUTES_SETTING}={spec!r}: expected 'package.module:NAME' (a RouteTable or a "
+            "function returning one)"
+        )
+    try:
+        value = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"{ROUTES_SETTING}={spec!r}: {exc}") from None
+    table = value() if callable(value) and not isinstance(value, RouteTable) else value
+    if not isinstance(table, RouteTable):
+        raise ConfigurationError(
+            f"{ROUTES_SETTING}={spec!r} is a {type(table).__name__}, not a RouteTable"
+        )
+    return table
+
+
+def configured_routes() -> RouteTable:
+    """The route table ``EMAIL_PLATFORM_ROUTES`` names; a ``ConfigurationError`` naming the
+    setting when it is unset (production never falls back to the demo's routes)."""
+    spec = config.routes_spec()
+    if spec is None:
+        raise ConfigurationError(
+            f"no route table: set {ROUTES_SETTING}='package.module:NAME' (a RouteTable or a "
+            f"function returning one), read by publish() and the worker alike, or pass "
+            f"routes=...; the demo's table is {ROUTES_SETTING}={DEMO_ROUTES}"
+        )
+    return load_routes(spec)

@@ -14,10 +14,16 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import URL, make_url
 
+from email_platform.config import ROUTES_SETTING
 from email_platform.db.engine import make_engine, upgrade
 from email_platform.local.dagster_home import WORKSPACE_YAML, PostgresStorage, render_dagster_yaml
+from email_platform.routes import DEMO_ROUTES
 from email_platform.sandbox.server import SandboxConfig, SandboxServer
 from tests.support import fresh_pg_database
+
+# The tests publish the demo's events: they choose its route table, as a deployment names its
+# own (nothing falls back to it). Set before any fixture, so daemons and runs inherit it.
+os.environ[ROUTES_SETTING] = DEMO_ROUTES
 
 BACKENDS = ["sqlite", "postgresql"]
 #: Fixtures that give a test a database: such a test is marked ``db``.

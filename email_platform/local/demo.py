@@ -31,6 +31,7 @@ from email_platform.db.schema import (
 )
 from email_platform.db.schema import suppressions as suppression_table
 from email_platform.local.dagster_home import DaemonProcess, wait_for
+from email_platform.routes import DEMO_ROUTES
 from email_platform.sandbox.asgi import BackgroundServer
 from email_platform.sandbox.emitter import WebhookPlan
 from email_platform.sandbox.server import SandboxConfig, SandboxServer
@@ -282,6 +283,9 @@ def run_demo(
 ) -> int:
     if home is not None:
         os.environ[config.PREFIX + "HOME"] = str(home)
+    # The demo publishes the demo's events: it chooses their routes, for itself and for the
+    # daemon and runs it starts (nothing else falls back to them).
+    os.environ[config.ROUTES_SETTING] = DEMO_ROUTES
     home = config.home_dir()
     dagster_home = config.dagster_home()
     database_url = config.database_url()
@@ -445,6 +449,8 @@ def _hint_env(dagster_home: Path) -> str:
     """The settings the demo ran with, as a command prefix: a hint copied into another shell
     (or directory) must open the demo's database and instance, not the defaults there."""
     settings = {config.PREFIX + "HOME": str(config.home_dir()), "DAGSTER_HOME": str(dagster_home)}
+    # The UI's re-execution and `dlq replay --inline` route with the demo's table, as it did.
+    settings[config.ROUTES_SETTING] = DEMO_ROUTES
     if os.environ.get(config.PREFIX + "DATABASE_URL"):
         settings[config.PREFIX + "DATABASE_URL"] = config.database_url()
     return " ".join(f"{name}={shlex.quote(value)}" for name, value in settings.items())

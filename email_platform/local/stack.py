@@ -49,6 +49,7 @@ from email_platform.local.dagster_home import (
     wait_for,
 )
 from email_platform.local.webserver import WebserverProcess
+from email_platform.routes import DEMO_ROUTES
 
 STATE_FILE = "stack.json"
 ENV_FILE = "stack.env"
@@ -194,6 +195,8 @@ def stack_env(settings: StackSettings) -> dict[str, str]:
         "EMAIL_PLATFORM_DATABASE_URL": app_url.render_as_string(hide_password=False),
         "EMAIL_PLATFORM_WAREHOUSE": str(directory / "warehouse.duckdb"),
         "EMAIL_PLATFORM_PROVIDER": "sandbox",
+        # The stack runs the demo's mail (the bench publishes its events).
+        config.ROUTES_SETTING: DEMO_ROUTES,
         "EMAIL_PLATFORM_SANDBOX_BASE_URL": f"http://127.0.0.1:{settings.sandbox_port}",
         "EMAIL_PLATFORM_SANDBOX_WEBHOOK_SECRET": secret
         or "whsec_" + base64.b64encode(os.urandom(24)).decode(),

@@ -1,21 +1,22 @@
-import importlib
-
 from dagster import ConfigurableResource
 from sqlalchemy import Engine
 
 from email_platform.errors import ConfigurationError
 from email_platform.recipients import RecipientResolver, SqlDirectoryResolver
-from email_platform.rendering import PACKAGE_TEMPLATES, TemplateRenderer
-from email_platform.routes import RouteTable, default_routes
+from email_platform.rendering import TemplateRenderer
+from email_platform.routes import RouteTable, configured_routes, load_routes
 
 
 class RoutingResource(ConfigurableResource):
     """Routes, templates and the recipient directory.
 
-    ``routes_factory`` is ``"package.module:ROUTES"`` naming a ``RouteTable``, or
-    ``"package.module:function"`` returning one (default: the shipped routes); ``templates_dir``
-    a directory of ``<name>/v<n>/`` templates; the directory settings say where routes that look
-    the recipient up at send time find the address.
+    The route table is the one ``EMAIL_PLATFORM_ROUTES`` names (``"package.module:NAME"``, a
+    ``RouteTable`` or a function returning one), the setting ``publish()`` reads too;
+    ``routes_factory`` names another for this code location only. Unset both, and a run fails
+    with a configuration error naming the setting: nothing falls back to the demo's routes.
+    ``templates_dir``, a directory of ``<name>/v<n>/`` templates, overrides the table's own
+    ``templates_dir``. The directory settings say where routes that look the recipient up at send
+    time find the address.
     """
 
     routes_factory: str | None = None
@@ -25,21 +26,18 @@ class RoutingResource(ConfigurableResource):
     directory_email_column: str = "email"
 
     def route_table(self) -> RouteTable:
-        if not self.routes_factory:
-            return default_routes()
-        module_name, _, attribute = self.routes_factory.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module_name), attribute)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigurationError(f"routes_factory {self.routes_factory!r}: {exc}") from None
-        # "pkg.module:ROUTES" names a table; "pkg.module:function" one that returns it.
-        table = factory if isinstance(factory, RouteTable) else factory()
-        if not isinstance(table, RouteTable):
-            raise ConfigurationError(f"{self.routes_factory} did not return a RouteTable")
-        return table
+        if self.routes_factory:
+            return load_routes(self.routes_factory)
+        return configured_routes()
 
     def renderer(self) -> TemplateRenderer:
-        return TemplateRenderer(self.templates_dir or PACKAGE_TEMPLATES)
+        directory = self.templates_dir or self.route_table().templates_dir
+        if directory is None:
+            raise ConfigurationError(
+                "no templates: the route table names no templates_dir; set "
+                "RouteTable(templates_dir=...) or RoutingResource(templates_dir=...)"
+            )
+        return TemplateRenderer(directory)
 
     def resolver(self, engine: Engine) -> RecipientResolver:
         return SqlDirectoryResolver(

@@ -21,12 +21,12 @@ from sqlalchemy import Engine, Row
 
 from email_platform import logs, tracing
 from email_platform.db.errors import refused_by_database
-from email_platform.errors import UnstorableEventError
+from email_platform.errors import ConfigurationError, UnstorableEventError
 from email_platform.lanes import LaneConfig
 from email_platform.providers.base import EmailProvider
 from email_platform.recipients import RecipientResolver, SqlDirectoryResolver
 from email_platform.rendering import TemplateRenderer
-from email_platform.routes import RouteTable, default_routes
+from email_platform.routes import RouteTable, configured_routes
 from email_platform.sending.dispatch import Dispatcher
 from email_platform.sending.leases import LeaseRenewer
 from email_platform.sending.prepare import Preparer
@@ -248,13 +248,22 @@ def build_sender(
     log: logging.Logger | Any | None = None,
     cancel: threading.Event | None = None,
 ) -> BatchSender:
-    """The one way a ``BatchSender`` is put together; the shipped routes, templates and
-    ``users`` directory unless others are given."""
+    """The one way a ``BatchSender`` is put together; the configured route table
+    (``EMAIL_PLATFORM_ROUTES``) with its templates and the ``users`` directory unless others are
+    given."""
+    routes = configured_routes() if routes is None else routes
+    if renderer is None:
+        if routes.templates_dir is None:
+            raise ConfigurationError(
+                "the route table names no templates_dir: set RouteTable(templates_dir=...) "
+                "or pass a renderer"
+            )
+        renderer = TemplateRenderer(routes.templates_dir)
     return BatchSender(
         engine=engine,
         provider=provider,
-        renderer=TemplateRenderer() if renderer is None else renderer,
-        routes=default_routes() if routes is None else routes,
+        renderer=renderer,
+        routes=routes,
         resolver=SqlDirectoryResolver(engine) if resolver is None else resolver,
         lane=lane,
         sender_address=sender_address,

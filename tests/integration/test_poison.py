@@ -167,7 +167,7 @@ def poison_routes() -> RouteTable:
         welcome, event_type="user.imported", event_version=1, name="imported", dedupe_key=None
     )
     oversized = dataclasses.replace(oversized, template_version=2**63)
-    return RouteTable(routes=[*table.routes, oversized], upcasters=dict(table.upcasters))
+    return dataclasses.replace(table, routes=[*table.routes, oversized])
 
 
 def _imported(engine: Engine, user_id: str) -> str:

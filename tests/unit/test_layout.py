@@ -26,8 +26,6 @@ SHELL = (
     "component",
     "loggers",
     "cli",
-    # lanes status asks the Dagster instance which outbox sensors the UI stopped.
-    "cli_lanes",
 )
 #: Harnesses: the fake provider and the one-machine runners (demo, local daemon).
 HARNESSES = ("sandbox", "local")

@@ -9,8 +9,6 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from tests.paths import ROOT
 
 PACKAGE = ROOT / "email_platform"
@@ -134,11 +132,6 @@ def test_the_lane_worker_borrows_nothing_from_the_batch_op() -> None:
     assert "email_platform.ops.lane_worker" not in graph["email_platform.ops.send"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cli.py (794 lines) and store/outbox.py (635) are being split into packages on the "
-    "adopt branch; remove this mark once it is merged",
-)
 def test_no_module_is_longer_than_a_reader_can_hold() -> None:
     lengths = {module: len(path.read_text().splitlines()) for module, path in MODULES.items()}
     assert {module: n for module, n in lengths.items() if n > MAX_LINES} == {}

@@ -16,8 +16,6 @@ publishes and sends two events and builds the warehouse from scratch.
 
 import json
 import os
-import shutil
-import subprocess
 import sys
 import sysconfig
 import textwrap
@@ -26,11 +24,9 @@ from pathlib import Path
 
 from email_platform import warehouse
 from tests.paths import ROOT
+from tests.proof.packaging.conftest import run as _run
 
 ANALYTICS = ROOT / "analytics"
-
-# What building the wheel reads from the checkout (``pyproject.toml`` names the README).
-BUILD_INPUTS = ("pyproject.toml", "README.md", "email_platform", "analytics")
 
 CHILD = textwrap.dedent(
     """
@@ -44,7 +40,7 @@ CHILD = textwrap.dedent(
     from email_platform.providers.base import Accepted
     from email_platform.recipients import NoResolver
     from email_platform.rendering import TemplateRenderer
-    from email_platform.routes import default_routes
+    from email_platform.routes import demo_routes
     from email_platform.sending.batch import BatchSender
 
     url, warehouse_path = sys.argv[1:]
@@ -68,6 +64,7 @@ CHILD = textwrap.dedent(
                 event_type="user.signed_up",
                 aggregate_id=user,
                 payload={"user_id": user, "email": f"{user}@example.com", "first_name": "Jo"},
+                routes=demo_routes(),
             )
             for user in ("u1", "u2")
         ]
@@ -75,7 +72,7 @@ CHILD = textwrap.dedent(
         engine=engine,
         provider=Accepting(),
         renderer=TemplateRenderer(),
-        routes=default_routes(),
+        routes=demo_routes(),
         resolver=NoResolver(),
         lane=DEFAULT_LANE_CONFIGS[Lane.TRANSACTIONAL],
         sender_address="Example <no-reply@example.com>",
@@ -101,45 +98,13 @@ CHILD = textwrap.dedent(
 )
 
 
-def _run(*command: str | Path, **kwargs) -> subprocess.CompletedProcess:  # type: ignore[no-untyped-def]
-    result = subprocess.run(
-        [str(part) for part in command], capture_output=True, text=True, check=False, **kwargs
-    )
-    assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
-    return result
-
-
-def _build_wheel(tmp_path: Path) -> Path:
-    """The wheel of a copy of the checkout's build inputs, symlinks kept as they are in git.
-
-    A copy, because building in place writes ``build/`` and ``*.egg-info`` into the checkout,
-    and a stale ``build/lib`` would carry files into the wheel that the checkout no longer has.
-    """
-    source = tmp_path / "source"
-    source.mkdir()
-    for name in BUILD_INPUTS:
-        if (ROOT / name).is_dir():
-            ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-            shutil.copytree(ROOT / name, source / name, symlinks=True, ignore=ignore)
-        else:
-            shutil.copy2(ROOT / name, source / name)
-    dist = tmp_path / "dist"
-    _run(
-        sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-index", "--no-build-isolation",
-        "--disable-pip-version-check", "--quiet", "--wheel-dir", dist, source,
-    )  # fmt: skip
-    (wheel,) = dist.glob("email_platform-*.whl")
-    return wheel
-
-
-def test_the_wheel_alone_builds_the_warehouse(tmp_path: Path) -> None:
+def test_the_wheel_alone_builds_the_warehouse(tmp_path: Path, wheel: Path) -> None:
     models = sorted(path.name for path in ANALYTICS.glob("*.sql"))
     questions = sorted(path.name for path in (ANALYTICS / "questions").glob("*.sql"))
     # File name = table name = asset name: the one list of models is what analytics/ holds.
     assert sorted(name.removesuffix(".sql") for name in models) == sorted(warehouse.MODEL_NAMES)
     assert questions == sorted(f"{name}.sql" for name in warehouse.question_names())
 
-    wheel = _build_wheel(tmp_path)
     shipped = set(zipfile.ZipFile(wheel).namelist())
     expected = {f"email_platform/warehouse/sql/{name}" for name in models} | {
         f"email_platform/warehouse/sql/questions/{name}" for name in questions

@@ -9,7 +9,7 @@ import json
 import click
 
 from email_platform import config
-from email_platform.cli_support import migrated_engine as _engine
+from email_platform.cli.support import migrated_engine as _engine
 from email_platform.errors import ConfigurationError
 
 

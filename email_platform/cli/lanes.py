@@ -14,7 +14,7 @@ from typing import Any
 import click
 from sqlalchemy import Row
 
-from email_platform.cli_support import migrated_engine as _engine
+from email_platform.cli.support import migrated_engine as _engine
 from email_platform.lanes import LANES, parse_lane
 from email_platform.store import lane_pauses
 from email_platform.text import text_problem

@@ -8,7 +8,7 @@ header size, header count and read time (``webhooks.serving``), which the librar
 
 import click
 
-from email_platform.cli_support import migrated_engine as _migrated_engine
+from email_platform.cli.support import migrated_engine as _migrated_engine
 
 
 @click.group()
