@@ -26,9 +26,9 @@ from email_platform.resources import (
     Warehouse,
 )
 
-#: What ``dg scaffold defs`` writes when not told the route table: the shipped demo routes,
-#: named explicitly so nothing falls back to them silently.
-DEMO_ROUTES = "email_platform.routes:default_routes"
+#: The shipped demo's route table, for a project that wants to try the platform before it has
+#: routes of its own (named explicitly: nothing falls back to it).
+DEMO_ROUTES = "email_platform.routes:demo_routes"
 
 
 class ProviderSettings(dg.Resolvable, dg.Model):
@@ -84,7 +84,8 @@ class LaneSettings(dg.Resolvable, dg.Model):
 
 class ScaffoldParams(dg.Model):
     routes: str | None = Field(
-        default=None, description='The route table, "package.module:ROUTES" (else the demo\'s).'
+        default=None,
+        description='The route table, "package.module:ROUTES" (else EMAIL_PLATFORM_ROUTES).',
     )
     provider: str = Field(default="sandbox", description=f"One of: {', '.join(PROVIDERS)}.")
 
@@ -101,19 +102,22 @@ class EmailPlatformScaffolder(dg.Scaffolder[ScaffoldParams]):
         params = request.params or ScaffoldParams()
         request.target_path.mkdir(parents=True, exist_ok=True)
         (request.target_path / "defs.yaml").write_text(
-            defs_yaml(request.type_name, params.routes or DEMO_ROUTES, params.provider)
+            defs_yaml(request.type_name, params.routes, params.provider)
         )
 
 
-def defs_yaml(type_name: str, routes: str, provider: str) -> str:
+def defs_yaml(type_name: str, routes: str | None, provider: str) -> str:
     """The scaffolded ``defs.yaml``: every setting named, the deployment's from the environment."""
+    # Unnamed, the table is EMAIL_PLATFORM_ROUTES, the one setting publish() reads too.
+    routes_line = f'routes: "{routes}"' if routes else '# routes: "package.module:ROUTES"'
     return textwrap.dedent(
         f"""\
         type: {type_name}
 
         attributes:
-          # The route table publish() and the workers share: "package.module:ROUTES".
-          routes: "{routes}"
+          # The route table: unset, EMAIL_PLATFORM_ROUTES, the setting publish() reads, so
+          # the producer and the workers share one table.
+          {routes_line}
           # Your application's database, where publish() writes the outbox (SQLAlchemy URL;
           # `email-platform db upgrade` creates the tables). Unset: EMAIL_PLATFORM_DATABASE_URL.
           database_url: "{{{{ env.DATABASE_URL }}}}"
@@ -122,7 +126,7 @@ def defs_yaml(type_name: str, routes: str, provider: str) -> str:
             # The variable holding the API key, read when a run starts:
             # api_key_env: {provider.upper()}_API_KEY
           # Your templates (<template>/v<n>/subject.txt, text.txt, html.html), relative to this
-          # folder. Unset: the templates shipped with the platform.
+          # folder. Unset: the route table's own templates_dir.
           # templates_dir: templates
           # Per-lane overrides of the shipped settings, e.g.:
           # lanes:
@@ -138,12 +142,13 @@ class EmailPlatformComponent(dg.Component, dg.Resolvable, dg.Model):
     """Event-driven transactional email: the lane sensors, send and lane-worker jobs, webhook
     ingestion, alerts, retention and the analytics assets, over your database's outbox."""
 
-    routes: str = Field(
+    routes: str | None = Field(
+        default=None,
         description=(
-            'The route table both publish() and the workers read: "package.module:ROUTES" '
-            "(a RouteTable) or a function returning one. The demo's is "
-            f'"{DEMO_ROUTES}".'
-        )
+            'The route table: "package.module:ROUTES" (a RouteTable) or a function returning '
+            "one. Unset: EMAIL_PLATFORM_ROUTES when a run starts, the setting publish() reads, "
+            f'so producer and workers share one table. The demo\'s is "{DEMO_ROUTES}".'
+        ),
     )
     database_url: str | None = Field(
         default=None,
@@ -160,7 +165,7 @@ class EmailPlatformComponent(dg.Component, dg.Resolvable, dg.Model):
         default=None,
         description=(
             "Folder of <template>/v<n>/ templates; a relative path is read from this "
-            "defs.yaml's folder. Unset: the templates shipped with the platform."
+            "defs.yaml's folder. Unset: the route table's own templates_dir."
         ),
     )
     lanes: dict[str, LaneSettings] = Field(
@@ -181,7 +186,9 @@ class EmailPlatformComponent(dg.Component, dg.Resolvable, dg.Model):
 
     @field_validator("routes")
     @classmethod
-    def _reference(cls, value: str) -> str:
+    def _reference(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
         module, _, attribute = value.partition(":")
         if not module or not attribute:
             raise ValueError(f'routes must read "package.module:NAME", got {value!r}')

@@ -18,6 +18,7 @@ from email_platform.component import (
     ScaffoldParams,
 )
 from email_platform.definitions import build_definitions
+from email_platform.errors import ConfigurationError
 from email_platform.lanes import LaneConfig
 from email_platform.resources import RoutingResource
 from email_platform.routes import default_routes
@@ -104,12 +105,21 @@ def test_the_api_key_is_read_in_the_run_and_shown_by_name(monkeypatch: pytest.Mo
         {"routes": DEMO_ROUTES, "provider": {"name": "carrier_pigeon"}},
         {"routes": DEMO_ROUTES, "lanes": {"urgent": {"batch_size": 1}}},
         {"routes": DEMO_ROUTES, "lanes": {"bulk": {"batch_sise": 1}}},
-        {"database_url": "sqlite://"},
     ],
 )
 def test_a_wrong_attribute_is_refused_when_the_definitions_load(attributes):
     with pytest.raises(Exception, match=r"routes|provider|lane|batch_sise"):
         EmailPlatformComponent.from_attributes_dict(attributes=attributes)
+
+
+def test_without_routes_the_workers_read_the_setting_publish_reads(monkeypatch):
+    component = EmailPlatformComponent.from_attributes_dict(attributes={})
+    routing = component.resources(Path("."))["email_routing"]
+    monkeypatch.setenv("EMAIL_PLATFORM_ROUTES", "tests.unit.test_component:ROUTES")
+    assert routing.route_table() is ROUTES
+    monkeypatch.delenv("EMAIL_PLATFORM_ROUTES")
+    with pytest.raises(ConfigurationError, match="EMAIL_PLATFORM_ROUTES"):
+        routing.route_table()
 
 
 def test_lane_settings_name_every_setting_of_a_lane():

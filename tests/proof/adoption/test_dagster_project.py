@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 from sqlalchemy import select
 
 from email_platform.db.engine import make_engine, upgrade
@@ -119,7 +120,9 @@ print(json.dumps({
 """
 
 
-def test_a_new_dagster_project_adds_email_with_dg_and_sends_one(tmp_path: Path) -> None:
+def test_a_new_dagster_project_adds_email_with_dg_and_sends_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     home = tmp_path / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
@@ -136,6 +139,8 @@ def test_a_new_dagster_project_adds_email_with_dg_and_sends_one(tmp_path: Path) 
             # What defs.yaml reads through Dagster's templating.
             "DATABASE_URL": database_url,
             "SANDBOX_URL": sandbox_url,
+            # The one route table, read by publish() and by the Component's workers alike.
+            "EMAIL_PLATFORM_ROUTES": f"{PROJECT}.email_routes:ROUTES",
         }
 
         def run(*args: str, cwd: Path = project) -> str:
@@ -160,12 +165,11 @@ def test_a_new_dagster_project_adds_email_with_dg_and_sends_one(tmp_path: Path) 
             "defs",
             "email_platform.EmailPlatformComponent",
             "email",
-            "--routes",
-            f"{PROJECT}.email_routes:ROUTES",
         )
         defs_yaml = package / "defs" / "email" / "defs.yaml"
         text = defs_yaml.read_text()
         assert 'database_url: "{{ env.DATABASE_URL }}"' in text
+        assert '# routes: "package.module:ROUTES"' in text
         # The user's own settings: the provider's address from the environment, their templates.
         defs_yaml.write_text(
             text.replace(
@@ -185,14 +189,14 @@ def test_a_new_dagster_project_adds_email_with_dg_and_sends_one(tmp_path: Path) 
         upgrade(engine)
         from email_platform import publish
 
-        routes = _import_routes(package / "email_routes.py")
+        monkeypatch.setenv("EMAIL_PLATFORM_ROUTES", env["EMAIL_PLATFORM_ROUTES"])
+        monkeypatch.syspath_prepend(str(project / "src"))
         with engine.begin() as connection:
             event_id = publish(
                 connection,
                 event_type="order.shipped",
                 aggregate_id="order-1",
                 payload={"email": "jane@example.com", "order_id": "order-1"},
-                routes=routes,
             )
         loaded = json.loads(run(sys.executable, "-c", SEND, event_id).strip().splitlines()[-1])
 
@@ -245,14 +249,3 @@ def _checkout_metadata(tmp_path: Path) -> Path:
     for extra in target.glob("*.egg-info"):
         shutil.rmtree(extra)
     return target
-
-
-def _import_routes(path: Path):  # type: ignore[no-untyped-def]
-    """The shop's ``ROUTES``, as its web service would import them."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("shop_email_routes", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.ROUTES
