@@ -4,7 +4,7 @@ names its own, and nothing falls back to the demo's."""
 
 import os
 
-from email_platform.config import ROUTES_SETTING
-from email_platform.routes import DEMO_ROUTES
+from email_platform.common.config import ROUTES_SETTING
+from email_platform.mail.routes import DEMO_ROUTES
 
 os.environ[ROUTES_SETTING] = DEMO_ROUTES

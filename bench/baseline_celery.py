@@ -45,12 +45,12 @@ from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
+from email_platform.common.errors import DeliveryError
+from email_platform.common.timeutil import utcnow
 from email_platform.db.engine import make_engine
 from email_platform.db.schema import email_outbox as outbox_table
-from email_platform.errors import DeliveryError
 from email_platform.providers.base import Accepted
 from email_platform.store import attempts, messages, outbox
-from email_platform.timeutil import utcnow
 
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/15")
 AMQP_URL = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")

@@ -28,19 +28,19 @@ from typing import Any
 
 from sqlalchemy import Engine, Row, insert, select
 
+from email_platform.common.errors import TransientError
+from email_platform.common.timeutil import utcnow
 from email_platform.db.engine import make_engine
 from email_platform.db.schema import email_messages
 from email_platform.db.schema import email_outbox as outbox_table
-from email_platform.errors import TransientError
+from email_platform.mail.recipients import SqlDirectoryResolver
+from email_platform.mail.rendering import PACKAGE_TEMPLATES, TemplateRenderer
+from email_platform.mail.routes import RouteTable, demo_routes
 from email_platform.providers.async_http import new_event_loop
 from email_platform.providers.base import Accepted, OutgoingEmail
 from email_platform.providers.sandbox import SandboxProvider
-from email_platform.recipients import SqlDirectoryResolver
-from email_platform.rendering import PACKAGE_TEMPLATES, TemplateRenderer
-from email_platform.routes import RouteTable, demo_routes
 from email_platform.sending.dispatch import messages_per_call
 from email_platform.store import outbox
-from email_platform.timeutil import utcnow
 
 SENDER = "Bench <no-reply@example.com>"
 

@@ -426,7 +426,7 @@ CROCKFORD = np.frombuffer(b"0123456789ABCDEFGHJKMNPQRSTVWXYZ", dtype=np.uint8)
 
 
 def _ulids(at: np.ndarray, rng: np.random.Generator) -> list[str]:
-    """ULIDs as the publisher makes them (``email_platform.ids``): the millisecond of ``at``
+    """ULIDs as the publisher makes them (``email_platform.common.ids``): the millisecond of ``at``
     in the first ten characters, then 80 random bits (from ``rng``, so a seed repeats them).
     Their first characters move with time, as real event ids' do: the warehouse's zone maps
     on event ids depend on it (ids that shared their first eight characters defeated them)."""

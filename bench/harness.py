@@ -153,7 +153,7 @@ def in_process(
 
     Yields (engine, sandbox, provider, sender); everything is torn down afterwards.
     """
-    from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane
+    from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, Lane
     from email_platform.providers.sandbox import SandboxProvider
     from email_platform.sending.batch import build_sender
 

@@ -33,8 +33,8 @@ from bench.harness import (
 )
 from bench.measure import ProcessSampler, dagster_storage, measure_app_db, postgres_server_pid
 from bench.workload import CriticalTrickle, publish_backlog
+from email_platform.common.lanes import LANES
 from email_platform.db.schema import lane_workers
-from email_platform.lanes import LANES
 from email_platform.local.dagster_home import (
     DaemonProcess,
     PostgresStorage,

@@ -22,7 +22,8 @@ elif setup == "sdk":
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     trace.set_tracer_provider(TracerProvider())
-from email_platform import publish, tracing
+from email_platform import publish
+from email_platform.observability import tracing
 from email_platform.db.engine import make_engine, upgrade
 
 N = 200_000

@@ -1,23 +1,28 @@
 """email_platform: event-driven transactional email on Dagster."""
 
-from email_platform.errors import (
+from email_platform.common.errors import (
     EventRefusedError,
     HeaderInjectionError,
     InvalidAddressError,
+    InvalidIdempotencyKeyError,
     InvalidPayloadError,
     PublishError,
     RateLimitedError,
     UnknownPriorityError,
 )
-from email_platform.publisher import publish, publish_many
+from email_platform.mail.routes import Route, RouteTable
+from email_platform.publishing.publisher import publish, publish_many
 
 __all__ = [
     "EventRefusedError",
     "HeaderInjectionError",
     "InvalidAddressError",
+    "InvalidIdempotencyKeyError",
     "InvalidPayloadError",
     "PublishError",
     "RateLimitedError",
+    "Route",
+    "RouteTable",
     "UnknownPriorityError",
     "publish",
     "publish_many",

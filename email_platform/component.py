@@ -15,9 +15,9 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field, field_validator
 
-from email_platform.config import PROVIDERS
+from email_platform.common.config import PROVIDERS
+from email_platform.common.lanes import LANES
 from email_platform.definitions import build_definitions
-from email_platform.lanes import LANES
 from email_platform.resources import (
     AppDatabase,
     EmailProviderResource,
@@ -28,7 +28,7 @@ from email_platform.resources import (
 
 #: The shipped demo's route table, for a project that wants to try the platform before it has
 #: routes of its own (named explicitly: nothing falls back to it).
-DEMO_ROUTES = "email_platform.routes:demo_routes"
+DEMO_ROUTES = "email_platform.mail.routes:demo_routes"
 
 
 class ProviderSettings(dg.Resolvable, dg.Model):
@@ -60,7 +60,7 @@ class ProviderSettings(dg.Resolvable, dg.Model):
 
 
 class LaneSettings(dg.Resolvable, dg.Model):
-    """Overrides of one lane's shipped settings (``email_platform.lanes.LaneConfig``)."""
+    """Overrides of one lane's shipped settings (``email_platform.common.lanes.LaneConfig``)."""
 
     batch_size: int | None = None
     concurrency: int | None = None

@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, Engine, select
 
 from email_platform.db.schema import email_outbox, metadata
-from email_platform.routes import Route, RouteTable, configured_routes
+from email_platform.mail.routes import Route, RouteTable, configured_routes
 
 if TYPE_CHECKING:  # rendering imports Jinja, which the core install does not have
-    from email_platform.rendering import RenderedEmail
+    from email_platform.mail.rendering import RenderedEmail
 
 __all__ = [
     "PublishedEvent",
@@ -139,7 +139,7 @@ def render(
     routed one, as the worker does. Raises ``TemplateRenderError`` as the send path would (a
     missing template or variable, a subject with a line break in it).
     """
-    from email_platform.rendering import TemplateRenderer
+    from email_platform.mail.rendering import TemplateRenderer
 
     table = configured_routes() if routes is None else routes
     chosen = table.route(route) if isinstance(route, str) else route

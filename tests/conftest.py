@@ -14,10 +14,10 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import URL, make_url
 
-from email_platform.config import ROUTES_SETTING
+from email_platform.common.config import ROUTES_SETTING
 from email_platform.db.engine import make_engine, upgrade
 from email_platform.local.dagster_home import WORKSPACE_YAML, PostgresStorage, render_dagster_yaml
-from email_platform.routes import DEMO_ROUTES
+from email_platform.mail.routes import DEMO_ROUTES
 from email_platform.sandbox.server import SandboxConfig, SandboxServer
 from tests.support import fresh_pg_database
 

@@ -14,12 +14,12 @@ from sqlalchemy import Column, Engine, MetaData, String, Table, create_engine, i
 from sqlalchemy.engine import URL
 
 from email_platform import publish
+from email_platform.common.lanes import LaneConfig
 from email_platform.db.schema import dead_letters, email_attempts, email_messages, email_outbox
 from email_platform.definitions import build_definitions
-from email_platform.lanes import LaneConfig
+from email_platform.mail.routes import default_routes
 from email_platform.providers.base import EmailProvider
 from email_platform.resources import AppDatabase, EmailProviderResource, LanePolicy, RoutingResource
-from email_platform.routes import default_routes
 from email_platform.sending.batch import BatchSender, build_sender
 
 FAST_LANES = {

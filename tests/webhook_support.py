@@ -19,10 +19,10 @@ import httpx
 from sqlalchemy import Engine, select
 from starlette.testclient import TestClient
 
+from email_platform.common.timeutil import utcnow
 from email_platform.db.schema import email_events, email_messages, webhook_inbox
 from email_platform.providers.base import OutgoingEmail
 from email_platform.store import messages, outbox, suppressions
-from email_platform.timeutil import utcnow
 from email_platform.webhooks.ingest import IngestOutcome, WebhookIngestor
 from email_platform.webhooks.receiver import create_receiver_app
 from email_platform.webhooks.registry import WebhookProvider

@@ -24,9 +24,9 @@ from bench.faults.kills import KillSchedule
 from bench.faults.stack import Stack
 from bench.faults.stream import SENT, Stream
 from email_platform import publish
+from email_platform.common.timeutil import utcnow
 from email_platform.db.schema import dead_letters
 from email_platform.store import outbox
-from email_platform.timeutil import utcnow
 
 
 class FaultProgram:

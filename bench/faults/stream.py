@@ -22,9 +22,9 @@ from sqlalchemy.exc import DBAPIError
 
 from bench.harness import users
 from email_platform import publish
+from email_platform.common.timeutil import utcnow
 from email_platform.db.schema import email_outbox
 from email_platform.store import suppressions
-from email_platform.timeutil import utcnow
 
 #: Poison: how a good signup's payload is rewritten, and the dead letter's reason it must get.
 POISONS: dict[str, tuple[dict, str]] = {

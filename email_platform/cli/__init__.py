@@ -45,7 +45,7 @@ def missing_extra_message(module: str) -> str | None:
 
 def run(argv: list[str] | None = None) -> None:
     """The ``email-platform`` console script."""
-    from email_platform.errors import ConfigurationError
+    from email_platform.common.errors import ConfigurationError
 
     try:
         from email_platform.cli.app import main

@@ -6,9 +6,9 @@ from typing import Any
 
 import click
 
-from email_platform import config
 from email_platform.cli.support import migrated_engine as _engine
 from email_platform.cli.support import print_json as _print_json
+from email_platform.common import config
 from email_platform.db.engine import make_engine, upgrade
 
 
@@ -48,7 +48,7 @@ def db_upgrade(url: str | None, revision: str) -> None:
 def status(as_json: bool, url: str | None, latency_minutes: int) -> None:
     """Queue depth and oldest age per lane, message outcomes, open dead letters, and
     publish-to-accepted latency p50/p95/p99 per lane over the last minutes."""
-    from email_platform.admin import status as read_status
+    from email_platform.operating.admin import status as read_status
 
     report = read_status(_engine(url), latency_minutes=latency_minutes)
     if as_json:
@@ -109,7 +109,7 @@ def trace(
         return
     if event_id is None:
         raise click.UsageError("give an EVENT_ID, --trace-id or --correlation-id")
-    from email_platform.admin import trace as read_trace
+    from email_platform.operating.admin import trace as read_trace
 
     chain = read_trace(_engine(url), event_id, warehouse_path=config.warehouse_path())
     if chain is None:
@@ -151,7 +151,7 @@ def trace(
 def _trace_request(
     engine: Any, trace_id: str | None, correlation_id: str | None, limit: int, as_json: bool
 ) -> None:
-    from email_platform.admin import trace_request
+    from email_platform.operating.admin import trace_request
 
     events = trace_request(engine, trace_id=trace_id, correlation_id=correlation_id, limit=limit)
     if as_json:

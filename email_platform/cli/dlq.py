@@ -21,7 +21,7 @@ def _selection(
     everything: bool,
     url: str | None,
 ):  # type: ignore[no-untyped-def]
-    from email_platform.admin import select_dead_letters
+    from email_platform.operating.admin import select_dead_letters
 
     engine = _engine(url)
     with engine.connect() as connection:
@@ -72,8 +72,8 @@ def dlq_list(
     addresses never appear, in the error text neither. 'past expiry' marks an open letter
     whose message can no longer be sent; `retention purge` or `dlq replay` closes it.
     """
+    from email_platform.common.timeutil import utcnow
     from email_platform.store import dead_letters
-    from email_platform.timeutil import utcnow
 
     with _engine(url).connect() as connection:
         rows = dead_letters.inbox(
@@ -128,8 +128,8 @@ def dlq_replay(
     Nothing already accepted by the provider is sent twice; anything past its expiry becomes
     'expired'. The dead letter is marked replayed when its message is sent.
     """
-    from email_platform.admin import requeue_dead_letters
-    from email_platform.retention import expire_dead_letters
+    from email_platform.operating.admin import requeue_dead_letters
+    from email_platform.operating.retention import expire_dead_letters
     from email_platform.store import dead_letters
 
     engine, letters = _selection(ids, reason, lane, event, everything, url)
@@ -174,7 +174,7 @@ def dlq_discard(
     url: str | None,
 ) -> None:
     """Close dead letters without sending (the message stays dead)."""
-    from email_platform.admin import discard_dead_letters
+    from email_platform.operating.admin import discard_dead_letters
 
     engine, letters = _selection(ids, reason, lane, event, everything, url)
     count = discard_dead_letters(engine, [d.dead_letter_id for d in letters])

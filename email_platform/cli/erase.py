@@ -2,9 +2,9 @@
 
 import click
 
-from email_platform import config
 from email_platform.cli.support import migrated_engine as _engine
 from email_platform.cli.support import print_json as _print_json
+from email_platform.common import config
 
 
 @click.command()
@@ -30,9 +30,9 @@ def erase(
     webhooks, keeps their suppression only as a keyed hash (so they stay unmailable), then
     rebuilds the warehouse. Safe to run again: it then erases nothing more.
     """
-    from email_platform.erasure import KEPT, rebuild_warehouse
-    from email_platform.erasure import erase as erase_person
-    from email_platform.errors import PublishError
+    from email_platform.common.errors import PublishError
+    from email_platform.operating.erasure import KEPT, rebuild_warehouse
+    from email_platform.operating.erasure import erase as erase_person
 
     if not email and not aggregate_id:
         raise click.UsageError("say whom to erase: --email ADDRESS and/or --aggregate-id ID")

@@ -15,10 +15,10 @@ import click
 from sqlalchemy import Row
 
 from email_platform.cli.support import migrated_engine as _engine
-from email_platform.lanes import LANES, parse_lane
+from email_platform.common.lanes import LANES, parse_lane
+from email_platform.common.text import text_problem
+from email_platform.common.timeutil import isoformat, utcnow
 from email_platform.store import lane_pauses
-from email_platform.text import text_problem
-from email_platform.timeutil import isoformat, utcnow
 
 MAX_BY = 200
 MAX_REASON = 1000
@@ -127,7 +127,7 @@ def _stopped_sensors() -> set[str] | None:
     or None when there is no instance to ask."""
     from dagster import DagsterInstance
 
-    from email_platform import config
+    from email_platform.common import config
     from email_platform.ops.lane_worker import stopped_lane_sensors
 
     home = config.dagster_home()

@@ -31,8 +31,8 @@ def serve(host: str, port: int, latency_window_minutes: int, url: str | None) ->
     """Serve GET /metrics (Prometheus text format, or OpenMetrics if asked) until stopped."""
     import uvicorn
 
-    from email_platform import logs
-    from email_platform.metrics import create_metrics_app
+    from email_platform.observability import logs
+    from email_platform.observability.metrics import create_metrics_app
     from email_platform.webhooks.serving import uvicorn_options
 
     engine = _migrated_engine(url)  # refuse an unmigrated database before binding the port

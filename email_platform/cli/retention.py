@@ -8,9 +8,9 @@ import json
 
 import click
 
-from email_platform import config
 from email_platform.cli.support import migrated_engine as _engine
-from email_platform.errors import ConfigurationError
+from email_platform.common import config
+from email_platform.common.errors import ConfigurationError
 
 
 @click.group()
@@ -29,7 +29,7 @@ def purge(dry_run: bool, as_json: bool, url: str | None) -> None:
     processed raw webhooks: in batches, one transaction each, oldest first. Never anything
     pending, in flight or open, nor suppressions. Safe to stop and run again.
     """
-    from email_platform.retention import purge as run_purge
+    from email_platform.operating.retention import purge as run_purge
 
     try:
         settings = config.retention_settings()

@@ -3,8 +3,8 @@ Celery workers, and the stop signal for resident lane workers."""
 
 import click
 
-from email_platform import config
 from email_platform.cli.support import migrated_engine as _engine
+from email_platform.common import config
 
 
 @click.group()
@@ -20,7 +20,7 @@ def workers_stop(lane: str | None) -> None:
     workers when mail is due; stop a lane's sensor to pause it instead."""
     from dagster import DagsterInstance
 
-    from email_platform.lanes import parse_lane
+    from email_platform.common.lanes import parse_lane
     from email_platform.sensors.runs import stop_lane_workers
 
     if lane is not None:
@@ -64,7 +64,7 @@ def celery_worker(name: str, queue: tuple[str, ...], concurrency: int, loglevel:
     PostgreSQL instance) and the EMAIL_PLATFORM_* settings of the code location."""
     import os
 
-    from email_platform.errors import ConfigurationError
+    from email_platform.common.errors import ConfigurationError
     from email_platform.local.celery_worker import worker_command, worker_path, write_worker_config
 
     try:
@@ -109,7 +109,7 @@ def webhooks_serve(host: str, port: int, workers: int, url: str | None) -> None:
 
     import uvicorn
 
-    from email_platform import logs
+    from email_platform.observability import logs
     from email_platform.webhooks.serving import uvicorn_options
 
     engine = _engine(url)  # refuse an unmigrated database before binding the port

@@ -6,7 +6,7 @@ from typing import Any
 import click
 from sqlalchemy import Engine
 
-from email_platform import config
+from email_platform.common import config
 from email_platform.db.engine import current_revision, make_engine
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from email_platform import config
-from email_platform.executors import celery_app_args
+from email_platform.common import config
+from email_platform.jobs.executors import celery_app_args
 
 
 def write_worker_config(settings: config.ExecutorSettings, directory: Path) -> Path:

@@ -19,7 +19,9 @@ import click
 import httpx
 from sqlalchemy import Column, Engine, MetaData, String, Table, insert, select
 
-from email_platform import config, publish
+from email_platform import publish
+from email_platform.common import config
+from email_platform.common.timeutil import as_utc, utcnow
 from email_platform.db.engine import make_engine, upgrade
 from email_platform.db.schema import (
     dead_letters,
@@ -31,14 +33,13 @@ from email_platform.db.schema import (
 )
 from email_platform.db.schema import suppressions as suppression_table
 from email_platform.local.dagster_home import DaemonProcess, wait_for
-from email_platform.routes import DEMO_ROUTES
+from email_platform.mail.routes import DEMO_ROUTES
+from email_platform.mail.unsubscribe import Keys
 from email_platform.sandbox.asgi import BackgroundServer
 from email_platform.sandbox.emitter import WebhookPlan
 from email_platform.sandbox.server import SandboxConfig, SandboxServer
 from email_platform.store import outbox, suppressions
 from email_platform.store.bulk import rows_for_events
-from email_platform.timeutil import as_utc, utcnow
-from email_platform.unsubscribe import Keys
 from email_platform.webhooks.receiver import create_receiver_app
 
 # The product's own business table: publish() writes next to it, in the same transaction.

@@ -4,11 +4,11 @@ from collections.abc import Sequence
 
 from dagster import DagsterInstance
 
-from email_platform import config
+from email_platform.common import config
+from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, parse_lane
 from email_platform.db.engine import make_engine
 from email_platform.definitions import build_definitions
 from email_platform.jobs import send_run_config
-from email_platform.lanes import DEFAULT_LANE_CONFIGS, parse_lane
 from email_platform.resources import AppDatabase
 from email_platform.store import outbox
 

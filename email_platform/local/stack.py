@@ -38,7 +38,7 @@ import httpx
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL, make_url
 
-from email_platform import config
+from email_platform.common import config
 from email_platform.local.celery_worker import CeleryWorkerProcess
 from email_platform.local.dagster_home import (
     WORKSPACE_YAML,
@@ -49,7 +49,7 @@ from email_platform.local.dagster_home import (
     wait_for,
 )
 from email_platform.local.webserver import WebserverProcess
-from email_platform.routes import DEMO_ROUTES
+from email_platform.mail.routes import DEMO_ROUTES
 
 STATE_FILE = "stack.json"
 ENV_FILE = "stack.env"
@@ -106,7 +106,7 @@ class StackSettings:
             raise StackError(
                 f"sandbox_latency_ms must be 0 to 60000, not {self.sandbox_latency_ms}"
             )
-        from email_platform.errors import ConfigurationError
+        from email_platform.common.errors import ConfigurationError
 
         try:  # the Celery workers would refuse it later, with a traceback
             config.executor_settings({config.PREFIX + "CELERY_BROKER": self.broker})

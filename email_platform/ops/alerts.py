@@ -4,8 +4,8 @@ from datetime import datetime
 
 from dagster import Config, MetadataValue, OpExecutionContext, op
 
-from email_platform import logs
-from email_platform.alerts import notify
+from email_platform.observability import logs
+from email_platform.operating.alerts import notify
 from email_platform.resources.alerts import AlertSettings
 from email_platform.store.alerts import Transition
 

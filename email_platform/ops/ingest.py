@@ -9,11 +9,11 @@ from dagster import (
     op,
 )
 
-from email_platform import config as settings
+from email_platform.common import config as settings
+from email_platform.common.timeutil import utcnow
 from email_platform.ops.retry import retried_on_error
 from email_platform.resources import AppDatabase
 from email_platform.store import email_events, inbox
-from email_platform.timeutil import utcnow
 from email_platform.webhooks.ingest import WebhookIngestor
 
 #: Most raw webhooks (and deletion records) one ingestion run purges past retention.

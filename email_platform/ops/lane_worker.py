@@ -22,8 +22,9 @@ from dagster import (
 from sqlalchemy import Engine, Row
 from sqlalchemy.exc import SQLAlchemyError
 
-from email_platform import config, logs
-from email_platform.lanes import LANES, STOP_TAG, LaneConfig, outbox_sensor_name
+from email_platform.common import config
+from email_platform.common.lanes import LANES, STOP_TAG, LaneConfig, outbox_sensor_name
+from email_platform.observability import logs
 from email_platform.ops.reporting import WorkerReporter
 from email_platform.ops.retry import STEP_RETRY_POLICY
 from email_platform.ops.send_step import (

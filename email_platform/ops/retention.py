@@ -1,5 +1,5 @@
-"""The retention op: the application database's purge (``email_platform.retention``) and the
-Dagster instance's own history, which open-source Dagster keeps forever (its ``retention``
+"""The retention op: the application database's purge (``email_platform.operating.retention``) and
+the Dagster instance's own history, which open-source Dagster keeps forever (its ``retention``
 setting covers schedule and sensor ticks only)."""
 
 import contextlib
@@ -15,11 +15,11 @@ from dagster import (
     op,
 )
 
-from email_platform import config as settings
-from email_platform import retention
+from email_platform.common import config as settings
+from email_platform.common.timeutil import utcnow
+from email_platform.operating import retention
 from email_platform.resources import AppDatabase
 from email_platform.store import circuits
-from email_platform.timeutil import utcnow
 
 #: Runs in these states are over; anything queued, starting or running is never deleted.
 FINISHED_RUNS = [DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]

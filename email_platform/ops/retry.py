@@ -18,7 +18,7 @@ from dagster import (
     RetryRequested,
 )
 
-from email_platform.errors import ConfigurationError
+from email_platform.common.errors import ConfigurationError
 
 STEP_RETRY_POLICY = RetryPolicy(
     max_retries=3, delay=2.0, backoff=Backoff.EXPONENTIAL, jitter=Jitter.FULL

@@ -11,8 +11,8 @@ from typing import Any
 from dagster import Failure, MetadataValue, OpExecutionContext, RetryRequested
 from sqlalchemy import Engine
 
-from email_platform import logs
-from email_platform.lanes import LaneConfig
+from email_platform.common.lanes import LaneConfig
+from email_platform.observability import logs
 from email_platform.ops.reporting import observe_sends, run_metadata, tag_dead_letters
 from email_platform.providers.base import EmailProvider
 from email_platform.resources import AppDatabase, EmailProviderResource, RoutingResource

@@ -9,8 +9,8 @@ from email.utils import parseaddr
 from typing import Protocol, runtime_checkable
 from urllib.parse import quote
 
-from email_platform.errors import DeliveryError, PermanentError
-from email_platform.headers import unsafe_header_reason
+from email_platform.common.errors import DeliveryError, PermanentError
+from email_platform.mail.headers import unsafe_header_reason
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Sequence
 
 import httpx
 
-from email_platform.classify import classify_exception, is_transient
-from email_platform.errors import ConfigurationError, DeliveryError, TransientError
+from email_platform.common.classify import classify_exception, is_transient
+from email_platform.common.errors import ConfigurationError, DeliveryError, TransientError
 from email_platform.providers.base import (
     Accepted,
     BatchingProvider,

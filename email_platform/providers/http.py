@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
-from email_platform.classify import classify_exception, classify_response
-from email_platform.errors import DeliveryError, TransientError
+from email_platform.common.classify import classify_exception, classify_response
+from email_platform.common.errors import DeliveryError, TransientError
 from email_platform.providers.async_http import OriginPool, checked, encode
 from email_platform.providers.base import Accepted, OutgoingEmail, RateLimiter, header_problem
 

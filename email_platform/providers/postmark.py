@@ -29,9 +29,9 @@ from typing import Any, Self
 
 import httpx
 
-from email_platform.classify import classify_response, parse_retry_after
-from email_platform.config import ProviderSettings
-from email_platform.errors import ConfigurationError, DeliveryError, TransientError
+from email_platform.common.classify import classify_response, parse_retry_after
+from email_platform.common.config import ProviderSettings
+from email_platform.common.errors import ConfigurationError, DeliveryError, TransientError
 from email_platform.providers.base import Accepted, OutgoingEmail, trace_metadata
 from email_platform.providers.http import HttpProvider, ProviderRequest
 

@@ -2,8 +2,8 @@
 
 import importlib
 
-from email_platform.config import PROVIDERS, ProviderSettings
-from email_platform.errors import ConfigurationError
+from email_platform.common.config import PROVIDERS, ProviderSettings
+from email_platform.common.errors import ConfigurationError
 from email_platform.providers.base import EmailProvider
 from email_platform.providers.failover import FailoverProvider, FailoverState
 

@@ -43,14 +43,15 @@ from typing import Any, Self
 
 import httpx
 
-from email_platform.classify import classify_response, parse_retry_after
-from email_platform.config import ProviderSettings
-from email_platform.errors import (
+from email_platform.common.classify import classify_response, parse_retry_after
+from email_platform.common.config import ProviderSettings
+from email_platform.common.errors import (
     ConfigurationError,
     DeliveryError,
     ProviderRejectedError,
     TransientError,
 )
+from email_platform.common.tags import tag_value
 from email_platform.providers.base import (
     Accepted,
     OutgoingEmail,
@@ -58,7 +59,6 @@ from email_platform.providers.base import (
     trace_metadata,
 )
 from email_platform.providers.http import HttpProvider, ProviderRequest
-from email_platform.tags import tag_value
 
 DEFAULT_BASE_URL = "https://api.resend.com"
 

@@ -9,9 +9,9 @@ from typing import Any, Self
 
 import httpx
 
-from email_platform.classify import classify_response
-from email_platform.config import ProviderSettings
-from email_platform.errors import ConfigurationError, DeliveryError
+from email_platform.common.classify import classify_response
+from email_platform.common.config import ProviderSettings
+from email_platform.common.errors import ConfigurationError, DeliveryError
 from email_platform.providers.base import (
     Accepted,
     OutgoingEmail,

@@ -56,18 +56,18 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials, ReadOnlyCredentials
 from botocore.session import Session as BotocoreSession
 
-from email_platform.classify import classify_response, parse_retry_after
-from email_platform.config import ProviderSettings
-from email_platform.errors import (
+from email_platform.common.classify import classify_response, parse_retry_after
+from email_platform.common.config import ProviderSettings
+from email_platform.common.errors import (
     ConfigurationError,
     DeliveryError,
     PermanentError,
     ProviderRejectedError,
     TransientError,
 )
+from email_platform.common.tags import tag_value
 from email_platform.providers.base import Accepted, OutgoingEmail, header_problem, trace_metadata
 from email_platform.providers.http import HttpProvider, ProviderRequest
-from email_platform.tags import tag_value
 
 SEND_EMAIL_PATH = "/v2/email/outbound-emails"
 SIGNING_SERVICE = "ses"  # the SES v2 API is signed as "ses", though its endpoint is "email."

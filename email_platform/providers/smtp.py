@@ -62,9 +62,9 @@ from hashlib import sha256
 from typing import Any, Self
 from urllib.parse import urlsplit
 
-from email_platform.classify import classify_exception
-from email_platform.config import ProviderSettings
-from email_platform.errors import (
+from email_platform.common.classify import classify_exception
+from email_platform.common.config import ProviderSettings
+from email_platform.common.errors import (
     ConfigurationError,
     DeliveryError,
     PermanentError,

@@ -34,7 +34,7 @@ from email.policy import SMTP as SMTP_POLICY
 
 import idna
 
-from email_platform.errors import PermanentError
+from email_platform.common.errors import PermanentError
 
 #: Lines SHOULD stay within 78 characters and MUST within 998 (RFC 5322 2.1.1).
 LINE_SHOULD = 78

@@ -2,7 +2,7 @@
 
 from dagster import ConfigurableResource
 
-from email_platform import config
+from email_platform.common import config
 
 
 class AlertSettings(ConfigurableResource):

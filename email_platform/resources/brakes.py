@@ -4,8 +4,8 @@ from dataclasses import dataclass
 
 from dagster import ConfigurableResource
 
-from email_platform import config
-from email_platform.errors import ConfigurationError
+from email_platform.common import config
+from email_platform.common.errors import ConfigurationError
 
 
 @dataclass(frozen=True)

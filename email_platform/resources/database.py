@@ -2,7 +2,7 @@ from dagster import ConfigurableResource, InitResourceContext
 from pydantic import PrivateAttr
 from sqlalchemy import Engine
 
-from email_platform import config
+from email_platform.common import config
 from email_platform.db.engine import make_engine
 
 

@@ -3,9 +3,9 @@ import json
 
 from dagster import ConfigurableResource
 
-from email_platform import config
-from email_platform.errors import ConfigurationError
-from email_platform.lanes import DEFAULT_LANE_CONFIGS, LaneConfig, parse_lane
+from email_platform.common import config
+from email_platform.common.errors import ConfigurationError
+from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, LaneConfig, parse_lane
 
 
 class LanePolicy(ConfigurableResource):

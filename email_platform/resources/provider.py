@@ -5,8 +5,9 @@ from collections.abc import Callable
 from dagster import ConfigurableResource
 from pydantic import PrivateAttr
 
-from email_platform import config, logs
-from email_platform.errors import ConfigurationError
+from email_platform.common import config
+from email_platform.common.errors import ConfigurationError
+from email_platform.observability import logs
 from email_platform.providers.base import EmailProvider
 from email_platform.providers.circuit import CLOSED, CircuitBreaker, CircuitSettings
 from email_platform.providers.failover import FailoverState

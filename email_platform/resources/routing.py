@@ -1,10 +1,10 @@
 from dagster import ConfigurableResource
 from sqlalchemy import Engine
 
-from email_platform.errors import ConfigurationError
-from email_platform.recipients import RecipientResolver, SqlDirectoryResolver
-from email_platform.rendering import TemplateRenderer
-from email_platform.routes import RouteTable, configured_routes, load_routes
+from email_platform.common.errors import ConfigurationError
+from email_platform.mail.recipients import RecipientResolver, SqlDirectoryResolver
+from email_platform.mail.rendering import TemplateRenderer
+from email_platform.mail.routes import RouteTable, configured_routes, load_routes
 
 
 class RoutingResource(ConfigurableResource):

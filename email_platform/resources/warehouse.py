@@ -2,7 +2,8 @@ import math
 
 from dagster import ConfigurableResource
 
-from email_platform import config, warehouse
+from email_platform import warehouse
+from email_platform.common import config
 
 
 class Warehouse(ConfigurableResource):

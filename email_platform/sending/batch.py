@@ -19,14 +19,15 @@ from typing import Any
 
 from sqlalchemy import Engine, Row
 
-from email_platform import logs, tracing
+from email_platform.common.errors import ConfigurationError, UnstorableEventError
+from email_platform.common.lanes import LaneConfig
+from email_platform.common.timeutil import utcnow
 from email_platform.db.errors import refused_by_database
-from email_platform.errors import ConfigurationError, UnstorableEventError
-from email_platform.lanes import LaneConfig
+from email_platform.mail.recipients import RecipientResolver, SqlDirectoryResolver
+from email_platform.mail.rendering import TemplateRenderer
+from email_platform.mail.routes import RouteTable, configured_routes
+from email_platform.observability import logs, tracing
 from email_platform.providers.base import EmailProvider
-from email_platform.recipients import RecipientResolver, SqlDirectoryResolver
-from email_platform.rendering import TemplateRenderer
-from email_platform.routes import RouteTable, configured_routes
 from email_platform.sending.dispatch import Dispatcher
 from email_platform.sending.leases import LeaseRenewer
 from email_platform.sending.prepare import Preparer
@@ -34,7 +35,6 @@ from email_platform.sending.record import Recorder
 from email_platform.sending.refusals import first_line, restore_outcome
 from email_platform.sending.types import BatchOutcome, ClaimedBatch, Work
 from email_platform.store import dead_letters, messages, outbox
-from email_platform.timeutil import utcnow
 
 
 class BatchSender:

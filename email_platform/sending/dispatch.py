@@ -19,9 +19,10 @@ from concurrent import futures
 from queue import Empty, SimpleQueue
 from typing import Any, cast
 
-from email_platform import tracing
-from email_platform.classify import classify_exception, is_transient
-from email_platform.errors import ConfigurationError, TransientError
+from email_platform.common.classify import classify_exception, is_transient
+from email_platform.common.errors import ConfigurationError, TransientError
+from email_platform.common.timeutil import utcnow
+from email_platform.observability import tracing
 from email_platform.providers.async_http import new_event_loop
 from email_platform.providers.base import (
     Accepted,
@@ -33,7 +34,6 @@ from email_platform.providers.base import (
     OutgoingEmail,
 )
 from email_platform.sending.types import Result, Sent, Work
-from email_platform.timeutil import utcnow
 
 # Most send outcomes recorded in one transaction. Outcomes arrive in calls of up to 100, and
 # each transaction costs three statements and a commit whatever its size: a lane worker drained

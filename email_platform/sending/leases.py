@@ -16,8 +16,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
+from email_platform.common.timeutil import utcnow
 from email_platform.store import outbox
-from email_platform.timeutil import utcnow
 
 #: How often a live run renews its leases (at most; a shorter lease is renewed more often).
 RENEW_EVERY_S = 10.0

@@ -11,9 +11,7 @@ from typing import Any
 
 from sqlalchemy import Engine, Row
 
-from email_platform import tracing, unsubscribe
-from email_platform.db.schema import email_messages
-from email_platform.errors import (
+from email_platform.common.errors import (
     InvalidRecipientError,
     PermanentError,
     PublishError,
@@ -21,17 +19,20 @@ from email_platform.errors import (
     TemplateRenderError,
     UnknownEventVersionError,
 )
-from email_platform.lanes import Lane, LaneConfig
+from email_platform.common.lanes import Lane, LaneConfig
+from email_platform.common.text import text_problem
+from email_platform.common.timeutil import as_utc, utcnow
+from email_platform.db.schema import email_messages
+from email_platform.mail import unsubscribe
+from email_platform.mail.recipients import RecipientResolver
+from email_platform.mail.rendering import TemplateRenderer
+from email_platform.mail.routes import Route, RouteTable
+from email_platform.observability import tracing
 from email_platform.providers.base import OutgoingEmail
-from email_platform.recipients import RecipientResolver
-from email_platform.rendering import TemplateRenderer
-from email_platform.routes import Route, RouteTable
+from email_platform.publishing.validation import check_address
 from email_platform.sending.record import Recorder
 from email_platform.sending.types import MAX_CLAIMS, BatchOutcome, Work
 from email_platform.store import dead_letters, email_events, messages, outbox, suppressions
-from email_platform.text import text_problem
-from email_platform.timeutil import as_utc, utcnow
-from email_platform.validation import check_address
 
 _HARD_SUPPRESSIONS = {
     suppressions.HARD_BOUNCE,

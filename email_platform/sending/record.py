@@ -13,19 +13,24 @@ from typing import Any
 
 from sqlalchemy import Engine, Row
 
-from email_platform import logs, tracing
-from email_platform.classify import is_transient
+from email_platform.common.classify import is_transient
+from email_platform.common.errors import (
+    ConfigurationError,
+    DeliveryError,
+    PermanentError,
+    TransientError,
+)
+from email_platform.common.lanes import LaneConfig
+from email_platform.common.text import storable_text
+from email_platform.common.timeutil import utcnow
 from email_platform.db.errors import refused_by_database
 from email_platform.db.schema import email_messages
-from email_platform.errors import ConfigurationError, DeliveryError, PermanentError, TransientError
-from email_platform.lanes import LaneConfig
+from email_platform.observability import logs, tracing
+from email_platform.observability.redaction import loggable
 from email_platform.providers.base import Accepted, failover_provider
-from email_platform.redaction import loggable
 from email_platform.sending.refusals import first_line, restore_outcome
 from email_platform.sending.types import BatchOutcome, Sent, Work
 from email_platform.store import attempts, dead_letters, messages, outbox
-from email_platform.text import storable_text
-from email_platform.timeutil import utcnow
 
 #: The provider's message id as the messages and attempts tables hold it.
 _PROVIDER_ID_LENGTH = email_messages.c.provider_message_id.type.length

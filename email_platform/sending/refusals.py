@@ -7,8 +7,8 @@ locked or gone fails the attempt whole, and the attempt is retried.
 
 import dataclasses
 
+from email_platform.common.text import storable_text
 from email_platform.sending.types import BatchOutcome
-from email_platform.text import storable_text
 
 
 def first_line(exc: BaseException) -> str:

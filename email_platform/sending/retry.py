@@ -9,7 +9,7 @@ no ceiling, so the lane's ``max_retry_delay_s`` caps it, and a provider's ``Retr
 import random
 from collections.abc import Callable
 
-from email_platform.lanes import LaneConfig
+from email_platform.common.lanes import LaneConfig
 
 
 def backoff_ceiling_s(lane: LaneConfig, retry_number: int) -> float:

@@ -6,7 +6,7 @@ from datetime import datetime
 
 from sqlalchemy import Row
 
-from email_platform.errors import ConfigurationError, DeliveryError
+from email_platform.common.errors import ConfigurationError, DeliveryError
 from email_platform.providers.base import Accepted, OutgoingEmail
 
 # A run that keeps dying on the same events must not loop forever.

@@ -24,14 +24,14 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from email_platform import logs
-from email_platform.lanes import LaneConfig
+from email_platform.common.lanes import LaneConfig
+from email_platform.common.timeutil import utcnow
+from email_platform.observability import logs
 from email_platform.sending.batch import BatchOutcome, BatchSender
 from email_platform.sending.dispatch import batch_max_of
 from email_platform.sending.leases import RENEW_EVERY_S, LeaseRenewer, renew_every_s
 from email_platform.sending.retry import retry_wait_s
 from email_platform.store import lane_workers, outbox
-from email_platform.timeutil import utcnow
 
 #: How often the worker logs what it did since the last line (a run's progress in the UI).
 PROGRESS_EVERY_S = 30.0

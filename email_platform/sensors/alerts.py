@@ -16,9 +16,9 @@ from dagster import (
     sensor,
 )
 
-from email_platform import logs
-from email_platform.alerts import conditions as found
-from email_platform.errors import ConfigurationError
+from email_platform.common.errors import ConfigurationError
+from email_platform.common.lanes import LANES
+from email_platform.common.timeutil import utcnow
 from email_platform.jobs import (
     alert_job,
     alert_run_config,
@@ -26,13 +26,13 @@ from email_platform.jobs import (
     lane_worker_job,
     send_email_job,
 )
-from email_platform.lanes import LANES
+from email_platform.observability import logs
+from email_platform.operating.alerts import conditions as found
 from email_platform.resources import AppDatabase, EmailProviderResource, LanePolicy
 from email_platform.resources.alerts import AlertSettings
 from email_platform.sensors.runs import instance_of
 from email_platform.store import alerts as alert_rows
 from email_platform.store import lane_workers
-from email_platform.timeutil import utcnow
 
 ALERT_INTERVAL_S = 30
 #: The jobs whose failed runs are alerts (an alert run's own failure is not: no loops).

@@ -19,13 +19,13 @@ from dagster import (
     sensor,
 )
 
-from email_platform import logs
-from email_platform.lanes import Lane
+from email_platform.common.lanes import Lane
+from email_platform.common.timeutil import as_utc, isoformat, utcnow
+from email_platform.observability import logs
 from email_platform.resources import AppDatabase
 from email_platform.resources.brakes import BrakePolicy, BrakeSettings
 from email_platform.store import lane_pauses
 from email_platform.store.lane_pauses import LaneRates
-from email_platform.timeutil import as_utc, isoformat, utcnow
 
 #: The one lane brakes may pause.
 BRAKED_LANE = Lane.BULK

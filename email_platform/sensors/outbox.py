@@ -19,8 +19,15 @@ from dagster import (
 )
 from sqlalchemy import Row
 
-from email_platform import logs
-from email_platform.ids import new_ulid
+from email_platform.common.ids import new_ulid
+from email_platform.common.lanes import (
+    DEFAULT_LANE_CONFIGS,
+    LANES,
+    Lane,
+    LaneConfig,
+    outbox_sensor_name,
+)
+from email_platform.common.timeutil import as_utc, utcnow
 from email_platform.jobs import (
     lane_worker_job,
     lane_worker_run_config,
@@ -28,7 +35,7 @@ from email_platform.jobs import (
     send_run_config,
     send_run_event_ids,
 )
-from email_platform.lanes import DEFAULT_LANE_CONFIGS, LANES, Lane, LaneConfig, outbox_sensor_name
+from email_platform.observability import logs
 from email_platform.resources import AppDatabase, LanePolicy
 from email_platform.sensors.runs import (
     UNFINISHED_RUN_STATUSES,
@@ -37,7 +44,6 @@ from email_platform.sensors.runs import (
     whole_batches,
 )
 from email_platform.store import lane_pauses, lane_workers, outbox
-from email_platform.timeutil import as_utc, utcnow
 
 
 def batch_run_key(lane: str, event_ids: Sequence[str], request_round: int) -> str:

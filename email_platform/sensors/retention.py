@@ -9,7 +9,7 @@ from dagster import (
     job,
 )
 
-from email_platform.loggers import JOB_LOGGERS
+from email_platform.jobs.loggers import JOB_LOGGERS
 from email_platform.ops.retention import purge_retention
 
 #: Daily, at a quiet hour (UTC). A run left over from yesterday is harmless: every batch is

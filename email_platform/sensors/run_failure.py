@@ -2,7 +2,6 @@
 
 from dagster import DefaultSensorStatus, RunFailureSensorContext, run_failure_sensor
 
-from email_platform import logs
 from email_platform.jobs import (
     ingest_run_inbox_ids,
     ingest_webhooks_job,
@@ -10,6 +9,7 @@ from email_platform.jobs import (
     send_email_job,
     send_run_event_ids,
 )
+from email_platform.observability import logs
 from email_platform.resources import AppDatabase
 from email_platform.store import inbox, outbox
 

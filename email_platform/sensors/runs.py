@@ -12,7 +12,7 @@ from dagster import (
     SensorEvaluationContext,
 )
 
-from email_platform.lanes import STOP_TAG
+from email_platform.common.lanes import STOP_TAG
 
 T = TypeVar("T")
 

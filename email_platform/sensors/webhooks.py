@@ -9,11 +9,11 @@ from dagster import (
     sensor,
 )
 
+from email_platform.common.timeutil import utcnow
 from email_platform.jobs import ingest_run_config, ingest_webhooks_job
 from email_platform.resources import AppDatabase
 from email_platform.sensors.runs import instance_of, queued_runs, whole_batches
 from email_platform.store import inbox
-from email_platform.timeutil import utcnow
 
 BATCH_SIZE = 500
 MAX_RUNS_PER_TICK = 4

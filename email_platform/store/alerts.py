@@ -6,8 +6,8 @@ from datetime import datetime
 
 from sqlalchemy import Connection, Row, insert, select, update
 
-from email_platform.alerts.conditions import Condition
 from email_platform.db.schema import alerts
+from email_platform.operating.alerts.conditions import Condition
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ def set_error(connection: Connection, attempt_id: int, error: str | None) -> Non
     )
 
 
-# ---- metrics (email_platform.metrics) -------------------------------------------------------
+# ---- metrics (email_platform.observability.metrics) ----------------------------------------------
 
 
 def counts_in_range(
@@ -81,7 +81,7 @@ def counts_in_range(
     return {(lane, outcome, code, provider): int(n) for lane, outcome, code, provider, n in rows}
 
 
-# ---- retention (email_platform.retention) ---------------------------------------------------
+# ---- retention (email_platform.operating.retention) ----------------------------------------------
 
 
 def count_for_events(connection: Connection, events: Any) -> int:

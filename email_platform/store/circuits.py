@@ -17,9 +17,9 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, delete, func, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 
-from email_platform import logs
+from email_platform.common.timeutil import as_utc, utcnow
 from email_platform.db.schema import lane_workers, provider_circuits
-from email_platform.timeutil import as_utc, utcnow
+from email_platform.observability import logs
 
 CLOSED = "closed"
 #: A circuit row of a process that is not a live lane worker counts this long after its last

@@ -165,7 +165,7 @@ def anonymize(connection: Connection, dead_letter_id: int, values: dict[str, Any
     )
 
 
-# ---- retention and the expiry sweep (email_platform.retention) ------------------------------
+# ---- retention and the expiry sweep (email_platform.operating.retention) -------------------------
 
 
 def delete_resolved(connection: Connection, *, resolved_before: datetime, limit: int) -> int:
@@ -313,8 +313,8 @@ def mask_address(address: Any) -> str | None:
 
 def summary(row: Row, now: datetime) -> dict[str, Any]:
     """One letter of ``inbox`` as the listing shows it: no address in any field."""
-    from email_platform.redaction import loggable
-    from email_platform.timeutil import as_utc, isoformat
+    from email_platform.common.timeutil import as_utc, isoformat
+    from email_platform.observability.redaction import loggable
 
     recipient = row.recipient
     if recipient is None and isinstance(row.payload, dict):

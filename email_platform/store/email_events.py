@@ -103,7 +103,7 @@ def anonymize(connection: Connection, email_event_id: int, values: dict[str, Any
     )
 
 
-# ---- retention (email_platform.retention) ---------------------------------------------------
+# ---- retention (email_platform.operating.retention) ----------------------------------------------
 # The purge's deletions are no change of the data, only the operational store forgetting it:
 # the trigger's records of them are removed in the same transaction. The warehouse keeps what
 # it loaded until its daily full rebuild (as it keeps purged messages), and a record for each

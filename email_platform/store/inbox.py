@@ -8,9 +8,9 @@ from typing import Any
 from sqlalchemy import Connection, Row, and_, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
+from email_platform.common.text import text_problem
 from email_platform.db.schema import webhook_inbox as inbox
 from email_platform.store.bulk import rows_in, text_holds_any
-from email_platform.text import text_problem
 
 PENDING, IN_FLIGHT, PROCESSED, MALFORMED, FAILED = (
     "pending",
@@ -188,7 +188,7 @@ def requeue(connection: Connection, inbox_ids: list[int]) -> int:
     ).rowcount
 
 
-# ---- erasure (email_platform.erasure) -------------------------------------------------------
+# ---- erasure (email_platform.operating.erasure) --------------------------------------------------
 
 
 def mentioning(connection: Connection, terms: Sequence[str]) -> list[Row]:
@@ -206,7 +206,7 @@ def anonymize(connection: Connection, inbox_id: int, values: dict[str, Any]) -> 
     connection.execute(update(inbox).where(inbox.c.inbox_id == inbox_id).values(**values))
 
 
-# ---- retention (email_platform.retention) ---------------------------------------------------
+# ---- retention (email_platform.operating.retention) ----------------------------------------------
 
 
 def delete_processed(connection: Connection, *, received_before: datetime, limit: int) -> int:

@@ -11,8 +11,8 @@ from datetime import datetime
 from sqlalchemy import Connection, Row, and_, distinct, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
+from email_platform.common.timeutil import as_utc, isoformat
 from email_platform.db.schema import email_events, email_messages, lane_pauses
-from email_platform.timeutil import as_utc, isoformat
 
 #: ``pause(..., seen_resumed_at=ANY)``: pause whatever the row looked like before.
 ANY = object()

@@ -275,7 +275,7 @@ def set_delivery_status(
     )
 
 
-# ---- erasure (email_platform.erasure) -------------------------------------------------------
+# ---- erasure (email_platform.operating.erasure) --------------------------------------------------
 
 #: An erased person's message that was never sent: final, but deliberately not in TERMINAL,
 #: so the send path never settles its (cancelled) event as done. Not in MESSAGE_STATUSES (the
@@ -318,7 +318,7 @@ def anonymize(connection: Connection, message_id: int, values: dict[str, Any]) -
     connection.execute(update(messages).where(messages.c.message_id == message_id).values(**values))
 
 
-# ---- metrics (email_platform.metrics, email-platform status) --------------------------------
+# ---- metrics (email_platform.observability.metrics, email-platform status) -----------------------
 
 
 def _accepted_since(connection: Connection, since: datetime) -> Any:
@@ -406,7 +406,7 @@ def accepted_latency_percentiles(
     return found
 
 
-# ---- retention (email_platform.retention) ---------------------------------------------------
+# ---- retention (email_platform.operating.retention) ----------------------------------------------
 
 
 def ids_query(events: Any) -> Any:
@@ -464,6 +464,6 @@ def expire_dead(
 
 
 def _utc(value: datetime) -> datetime:
-    from email_platform.timeutil import as_utc
+    from email_platform.common.timeutil import as_utc
 
     return as_utc(value) or value

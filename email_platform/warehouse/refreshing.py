@@ -20,9 +20,9 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
-from email_platform import tracing
 from email_platform.db.engine import make_engine
 from email_platform.db.schema import email_events
+from email_platform.observability import tracing
 from email_platform.warehouse.build import (
     AFFECTED,
     FUNNEL,

@@ -14,12 +14,12 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from email_platform import logs, tracing
+from email_platform.common.text import storable_text, text_problem
+from email_platform.common.timeutil import utcnow
 from email_platform.db.errors import database_unavailable
 from email_platform.db.schema import email_events as email_events_table
+from email_platform.observability import logs, tracing
 from email_platform.store import email_events, inbox, messages, outbox, suppressions
-from email_platform.text import storable_text, text_problem
-from email_platform.timeutil import utcnow
 from email_platform.webhooks import registry
 from email_platform.webhooks.errors import WebhookMalformed
 from email_platform.webhooks.vocabulary import NormalizedEvent, combine

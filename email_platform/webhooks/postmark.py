@@ -75,9 +75,9 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from email_platform import config
-from email_platform.errors import ConfigurationError
-from email_platform.timeutil import utcnow
+from email_platform.common import config
+from email_platform.common.errors import ConfigurationError
+from email_platform.common.timeutil import utcnow
 from email_platform.webhooks.errors import WebhookMalformed, WebhookRejected
 from email_platform.webhooks.fields import fitting_id, stable_event_id, stripped_text
 from email_platform.webhooks.opens import is_machine_open

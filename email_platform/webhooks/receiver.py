@@ -27,15 +27,15 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from email_platform import logs
+from email_platform.common.errors import ConfigurationError
+from email_platform.common.text import storable_text, text_problem
+from email_platform.common.timeutil import utcnow
 from email_platform.db.errors import refused_by_database
-from email_platform.errors import ConfigurationError
-from email_platform.metrics import metrics_endpoint
-from email_platform.redaction import loggable
+from email_platform.mail.unsubscribe import Keys
+from email_platform.observability import logs
+from email_platform.observability.metrics import metrics_endpoint
+from email_platform.observability.redaction import loggable
 from email_platform.store import inbox
-from email_platform.text import storable_text, text_problem
-from email_platform.timeutil import utcnow
-from email_platform.unsubscribe import Keys
 from email_platform.webhooks import registry
 from email_platform.webhooks.errors import WebhookMalformed, WebhookRejected, WebhookUnavailable
 from email_platform.webhooks.serving import RequestLimits
@@ -221,9 +221,9 @@ def receiver_app_from_environment() -> RequestLimits:
     """The receiver with every setting from the environment: what ``webhooks serve --workers N``
     has uvicorn build in each of its worker processes (by import path, so each builds its own
     engine)."""
-    from email_platform import config
+    from email_platform.common import config
     from email_platform.db.engine import make_engine
-    from email_platform.unsubscribe import receiver_keys
+    from email_platform.mail.unsubscribe import receiver_keys
 
     try:
         keys = receiver_keys(config.unsubscribe_settings())

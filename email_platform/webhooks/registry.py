@@ -12,8 +12,8 @@ from datetime import datetime
 from functools import cache
 from typing import Protocol
 
-from email_platform.config import WEBHOOK_PROVIDERS
-from email_platform.errors import ConfigurationError
+from email_platform.common.config import WEBHOOK_PROVIDERS
+from email_platform.common.errors import ConfigurationError
 from email_platform.webhooks.vocabulary import NormalizedEvent
 
 NAMES = WEBHOOK_PROVIDERS

@@ -60,10 +60,10 @@ from datetime import UTC, datetime
 from email.utils import parseaddr
 from typing import Any
 
-from email_platform import config
-from email_platform.errors import ConfigurationError
-from email_platform.tags import recoverable
-from email_platform.timeutil import utcnow
+from email_platform.common import config
+from email_platform.common.errors import ConfigurationError
+from email_platform.common.tags import recoverable
+from email_platform.common.timeutil import utcnow
 from email_platform.webhooks.errors import WebhookMalformed
 from email_platform.webhooks.fields import as_object, stable_event_id, stripped_text
 from email_platform.webhooks.opens import is_machine_open

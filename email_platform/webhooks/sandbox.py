@@ -9,9 +9,9 @@ import json
 from collections.abc import Mapping
 from datetime import datetime
 
-from email_platform import config
-from email_platform.errors import ConfigurationError
-from email_platform.timeutil import utcnow
+from email_platform.common import config
+from email_platform.common.errors import ConfigurationError
+from email_platform.common.timeutil import utcnow
 from email_platform.webhooks.errors import WebhookMalformed
 from email_platform.webhooks.opens import is_machine_open
 from email_platform.webhooks.standard import StandardWebhooksVerifier

@@ -35,8 +35,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
-from email_platform import config
-from email_platform.errors import ConfigurationError
+from email_platform.common import config
+from email_platform.common.errors import ConfigurationError
 from email_platform.webhooks.errors import WebhookMalformed, WebhookRejected
 from email_platform.webhooks.fields import fitting_id, stable_event_id
 from email_platform.webhooks.opens import is_machine_open

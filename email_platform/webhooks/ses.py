@@ -55,9 +55,9 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
-from email_platform import config
-from email_platform.errors import ConfigurationError
-from email_platform.timeutil import as_utc
+from email_platform.common import config
+from email_platform.common.errors import ConfigurationError
+from email_platform.common.timeutil import as_utc
 from email_platform.webhooks.errors import WebhookMalformed, WebhookRejected, WebhookUnavailable
 from email_platform.webhooks.fields import fitting_id, stable_event_id
 from email_platform.webhooks.opens import is_machine_open

@@ -11,7 +11,7 @@ import hmac
 from collections.abc import Mapping
 from datetime import datetime
 
-from email_platform.errors import ConfigurationError
+from email_platform.common.errors import ConfigurationError
 from email_platform.webhooks.errors import WebhookRejected
 
 TOLERANCE_S = 300

@@ -31,8 +31,8 @@ from starlette.responses import HTMLResponse
 from starlette.routing import Route
 
 from email_platform.db.errors import refused_by_database
+from email_platform.mail.unsubscribe import POST_VALUE, Claim, ExpiredToken, InvalidToken, Keys
 from email_platform.store import suppressions
-from email_platform.unsubscribe import POST_VALUE, Claim, ExpiredToken, InvalidToken, Keys
 
 log = logging.getLogger(__name__)
 

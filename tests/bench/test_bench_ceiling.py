@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from bench.ceiling import CALL_TRIES, _call
-from email_platform.errors import TransientError
+from email_platform.common.errors import TransientError
 from email_platform.providers.base import Accepted, OutgoingEmail
 from email_platform.providers.sandbox import SandboxProvider
 from tests.support import sandbox_stats

@@ -21,8 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from email_platform.alerts import notify
-from email_platform.alerts.conditions import Condition
+from email_platform.common.timeutil import utcnow
 from email_platform.jobs import (
     alert_job,
     lane_worker_job,
@@ -30,13 +29,14 @@ from email_platform.jobs import (
     send_email_job,
     send_run_config,
 )
+from email_platform.operating.alerts import notify
+from email_platform.operating.alerts.conditions import Condition
 from email_platform.resources import AppDatabase, EmailProviderResource, LanePolicy
 from email_platform.resources.alerts import AlertSettings
 from email_platform.sandbox.asgi import BackgroundServer
 from email_platform.sensors.alerts import alerts_sensor
 from email_platform.store import alerts as alert_rows
 from email_platform.store import dead_letters, lane_pauses, lane_workers
-from email_platform.timeutil import utcnow
 from tests.support import dead_letters_of, publish_across_lanes, run_send, signup
 
 

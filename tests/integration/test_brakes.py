@@ -14,10 +14,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from email_platform import config
 from email_platform.cli import main
-from email_platform.errors import ConfigurationError
-from email_platform.lanes import Lane
+from email_platform.common import config
+from email_platform.common.errors import ConfigurationError
+from email_platform.common.lanes import Lane
 from email_platform.resources import AppDatabase, LanePolicy
 from email_platform.resources.brakes import BrakePolicy
 from email_platform.sensors.brakes import brake_sensors, make_brake_sensor

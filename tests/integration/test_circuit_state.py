@@ -20,18 +20,18 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from email_platform.admin import status
-from email_platform.alerts import conditions
+from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, Lane
+from email_platform.common.timeutil import utcnow
 from email_platform.db.schema import lane_workers
-from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane
-from email_platform.metrics import metrics_endpoint
+from email_platform.observability.metrics import metrics_endpoint
+from email_platform.operating.admin import status
+from email_platform.operating.alerts import conditions
 from email_platform.providers.circuit import CLOSED, OPEN
 from email_platform.resources import EmailProviderResource
 from email_platform.sandbox.asgi import BackgroundServer
 from email_platform.sandbox.server import SandboxServer
 from email_platform.store import alerts as alert_rows
 from email_platform.store import circuits
-from email_platform.timeutil import utcnow
 from tests.provider_stubs.postmark import PostmarkStub
 from tests.support import FAST_LANES, attempts_of, batch_sender, run_send, signup
 

@@ -11,14 +11,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import insert, select, update
 
-from email_platform import publisher
-from email_platform.admin import requeue_dead_letters
 from email_platform.cli import main
+from email_platform.common.timeutil import utcnow
 from email_platform.db.schema import dead_letters as letters_table
 from email_platform.db.schema import email_messages, email_outbox
-from email_platform.retention import expire_dead_letters
+from email_platform.operating.admin import requeue_dead_letters
+from email_platform.operating.retention import expire_dead_letters
+from email_platform.publishing import publisher
 from email_platform.store import dead_letters
-from email_platform.timeutil import utcnow
 from tests.hostile_support import hostile_settings
 from tests.support import dead_letters_of, event, messages_of, publish_one, run_send, signup
 

@@ -25,14 +25,14 @@ from starlette.testclient import TestClient
 from email_platform import publish
 from email_platform.assets import analytics_checks, analytics_warehouse
 from email_platform.cli import main
+from email_platform.common.errors import ProviderRejectedError
+from email_platform.common.timeutil import utcnow
 from email_platform.db import schema
-from email_platform.erasure import TABLES, erase
-from email_platform.errors import ProviderRejectedError
 from email_platform.jobs import ingest_run_config
+from email_platform.operating.erasure import TABLES, erase
 from email_platform.providers.sandbox import SandboxProvider
 from email_platform.resources import AppDatabase, Warehouse
 from email_platform.store import suppressions
-from email_platform.timeutil import utcnow
 from email_platform.webhooks.receiver import create_receiver_app
 from tests.support import (
     dead_letters_of,

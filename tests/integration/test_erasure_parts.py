@@ -8,14 +8,14 @@ import hmac
 
 from sqlalchemy import insert, select
 
-from email_platform import admin
+from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, Lane
+from email_platform.common.timeutil import utcnow
 from email_platform.db.schema import suppressions as suppression_table
-from email_platform.erasure import erase
-from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane
+from email_platform.observability.redaction import loggable, mentions, scrub
+from email_platform.operating import admin
+from email_platform.operating.erasure import erase
 from email_platform.providers.sandbox import SandboxProvider
-from email_platform.redaction import loggable, mentions, scrub
 from email_platform.store import outbox, privacy_keys, suppressions
-from email_platform.timeutil import utcnow
 from tests.support import (
     batch_sender,
     event,

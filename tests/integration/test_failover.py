@@ -22,9 +22,9 @@ import httpx
 import pytest
 from sqlalchemy import Engine
 
-from email_platform.admin import trace
-from email_platform.errors import ConfigurationError
-from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane
+from email_platform.common.errors import ConfigurationError
+from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, Lane
+from email_platform.operating.admin import trace
 from email_platform.providers.base import Accepted, OutgoingEmail
 from email_platform.providers.circuit import CLOSED, OPEN, CircuitBreaker
 from email_platform.providers.failover import FailoverProvider, FailoverState

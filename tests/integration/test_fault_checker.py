@@ -9,8 +9,8 @@ from sqlalchemy import insert, update
 
 from bench.faults.checker import check
 from bench.faults.stream import Stream, prepare
+from email_platform.common.timeutil import utcnow
 from email_platform.db.schema import email_attempts, email_messages, email_outbox
-from email_platform.timeutil import utcnow
 from tests.support import run_send, sandbox_messages
 
 

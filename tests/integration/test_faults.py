@@ -87,11 +87,11 @@ def test_a_batch_run_killed_holding_claims_is_failed_once_its_leases_lapse(
     from dagster import DagsterRunStatus, SensorResult, build_sensor_context
     from sqlalchemy import update
 
+    from email_platform.common.lanes import Lane
+    from email_platform.common.timeutil import utcnow
     from email_platform.db.schema import email_outbox
-    from email_platform.lanes import Lane
     from email_platform.resources import AppDatabase, LanePolicy
     from email_platform.sensors.outbox import make_outbox_sensor
-    from email_platform.timeutil import utcnow
 
     home = tmp_path / "dagster"
     home.mkdir()
@@ -143,10 +143,11 @@ def test_events_whose_run_waits_in_the_queue_are_not_requested_again(engine, dat
     from dagster import DagsterRunStatus, SensorResult, SkipReason, build_sensor_context
     from sqlalchemy import update
 
+    from email_platform.common.lanes import Lane
+    from email_platform.common.timeutil import utcnow
     from email_platform.db.schema import email_outbox
     from email_platform.definitions import defs
     from email_platform.jobs import send_run_config
-    from email_platform.lanes import Lane
     from email_platform.resources import AppDatabase, LanePolicy
     from email_platform.sensors.outbox import (
         STARTUP_GRACE_S,
@@ -154,7 +155,6 @@ def test_events_whose_run_waits_in_the_queue_are_not_requested_again(engine, dat
         lane_send_runs,
         make_outbox_sensor,
     )
-    from email_platform.timeutil import utcnow
 
     resources = {
         "email_database": AppDatabase(url=database_url),
@@ -222,10 +222,10 @@ def test_stored_webhooks_wait_for_a_full_batch_while_an_ingestion_run_is_queued(
     goes out at once."""
     from dagster import SensorResult, SkipReason, build_sensor_context
 
+    from email_platform.common.timeutil import utcnow
     from email_platform.resources import AppDatabase
     from email_platform.sensors.webhooks import BATCH_SIZE, webhook_inbox_sensor
     from email_platform.store import inbox
-    from email_platform.timeutil import utcnow
 
     resources = {"email_database": AppDatabase(url=database_url)}
 
@@ -277,10 +277,10 @@ def test_webhooks_of_an_ingestion_run_that_died_before_its_claim_are_requested_a
     instead of after the sensor's request timeout (five minutes, seen in the fault drain)."""
     from dagster import SensorResult, build_sensor_context
 
+    from email_platform.common.timeutil import utcnow
     from email_platform.resources import AppDatabase
     from email_platform.sensors.webhooks import webhook_inbox_sensor
     from email_platform.store import inbox
-    from email_platform.timeutil import utcnow
 
     resources = {"email_database": AppDatabase(url=database_url)}
     with engine.begin() as connection:
@@ -355,13 +355,13 @@ def test_a_killed_batch_run_holding_nothing_is_failed_after_the_startup_grace(
     from dagster import DagsterRunStatus
     from sqlalchemy import update
 
+    from email_platform.common.timeutil import utcnow
     from email_platform.db.schema import email_outbox
     from email_platform.sensors.outbox import (
         STARTUP_GRACE_S,
         lane_send_runs,
         report_idle_send_runs,
     )
-    from email_platform.timeutil import utcnow
 
     home = tmp_path / "dagster"
     home.mkdir()

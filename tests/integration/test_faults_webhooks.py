@@ -12,13 +12,13 @@ from concurrent.futures import ThreadPoolExecutor
 from sqlalchemy import delete, insert, select, update
 
 from bench.faults.webhooks import check, fetch_planned, inject, wait_posted, wait_settled
+from email_platform.common.ids import new_ulid
+from email_platform.common.timeutil import utcnow
 from email_platform.db.schema import email_events, email_messages, suppressions, webhook_inbox
-from email_platform.ids import new_ulid
 from email_platform.sandbox.asgi import BackgroundServer
 from email_platform.sandbox.emitter import WebhookPlan, plan_events
 from email_platform.sandbox.server import SandboxConfig, SandboxServer
 from email_platform.store import inbox
-from email_platform.timeutil import utcnow
 from email_platform.webhooks.ingest import WebhookIngestor
 from email_platform.webhooks.receiver import create_receiver_app
 from tests.support import run_send, signup

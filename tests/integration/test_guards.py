@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, func, select
 
 from email_platform import EventRefusedError, RateLimitedError, publish, publish_many
+from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, Lane
 from email_platform.db.schema import email_outbox
-from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane
+from email_platform.mail.routes import EventDraft, RateLimit, RouteTable, default_routes
 from email_platform.providers.sandbox import SandboxProvider
-from email_platform.routes import EventDraft, RateLimit, RouteTable, default_routes
 from tests.support import batch_sender, messages_of, sandbox_messages
 
 

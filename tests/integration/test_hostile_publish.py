@@ -40,15 +40,16 @@ from hypothesis import strategies as st
 from sqlalchemy import Connection, Engine, func, select, text
 from sqlalchemy.orm import Session
 
-from email_platform import PublishError, publish, publish_many, validation
+from email_platform import PublishError, publish, publish_many
+from email_platform.common.errors import NotInTransactionError
+from email_platform.common.ids import is_ulid
+from email_platform.common.lanes import Lane
+from email_platform.common.timeutil import as_utc
 from email_platform.db.schema import email_outbox
-from email_platform.errors import NotInTransactionError
-from email_platform.ids import is_ulid
-from email_platform.lanes import Lane
-from email_platform.routes import RouteTable, default_routes
+from email_platform.mail.routes import RouteTable, default_routes
+from email_platform.publishing import validation
+from email_platform.publishing.validation import MAX_ADDRESS_LENGTH, _plainly_valid
 from email_platform.store import outbox
-from email_platform.timeutil import as_utc
-from email_platform.validation import MAX_ADDRESS_LENGTH, _plainly_valid
 from tests.hostile_support import (
     LENGTHS,
     SPECIAL_TEXT,

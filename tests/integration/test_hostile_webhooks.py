@@ -39,9 +39,9 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, func, select
 from starlette.testclient import TestClient
 
+from email_platform.common.text import storable_text, text_problem
 from email_platform.db.schema import webhook_inbox
 from email_platform.store import inbox
-from email_platform.text import storable_text, text_problem
 from email_platform.webhooks.receiver import create_receiver_app
 from email_platform.webhooks.serving import MAX_HEADER_BYTES
 from email_platform.webhooks.standard import decode_secret

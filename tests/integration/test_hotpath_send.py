@@ -12,9 +12,9 @@ from collections import Counter
 
 from sqlalchemy import Engine, select
 
+from email_platform.common.errors import ConfigurationError
+from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, Lane
 from email_platform.db.schema import dead_letters, email_attempts
-from email_platform.errors import ConfigurationError
-from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane
 from email_platform.providers.base import Accepted, EmailProvider, OutgoingEmail
 from email_platform.providers.sandbox import SandboxProvider
 from email_platform.sending.batch import BatchSender

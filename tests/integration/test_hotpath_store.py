@@ -14,10 +14,10 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 
+from email_platform.common.timeutil import as_utc, utcnow
 from email_platform.db.errors import refused_by_database
 from email_platform.db.schema import email_attempts, email_messages
 from email_platform.store import attempts, bulk, messages, outbox
-from email_platform.timeutil import as_utc, utcnow
 from tests.support import event, signup
 
 

@@ -23,14 +23,14 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, select
 
 from email_platform.cli import main
+from email_platform.common.lanes import Lane
+from email_platform.common.timeutil import isoformat, utcnow
 from email_platform.db.schema import lane_pauses as lane_pauses_table
 from email_platform.db.schema import lane_workers as lane_workers_table
-from email_platform.lanes import Lane
 from email_platform.ops.lane_worker import stop_check
 from email_platform.resources import AppDatabase, LanePolicy
 from email_platform.sensors.outbox import make_outbox_sensor
 from email_platform.store import lane_pauses
-from email_platform.timeutil import isoformat, utcnow
 from tests.support import event, publish_across_lanes, publish_one, sandbox_messages, signup
 
 

@@ -29,17 +29,17 @@ from dagster import (
 )
 from sqlalchemy import Engine
 
-from email_platform.errors import ConfigurationError
+from email_platform.common.errors import ConfigurationError
+from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, Lane, LaneConfig
+from email_platform.common.timeutil import utcnow
 from email_platform.jobs import lane_worker_run_config
-from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane, LaneConfig
 from email_platform.providers.sandbox import SandboxProvider
-from email_platform.publisher import publish_many
+from email_platform.publishing.publisher import publish_many
 from email_platform.resources import AppDatabase, LanePolicy
 from email_platform.sandbox.server import SandboxConfig, SandboxServer
 from email_platform.sending.worker import LaneWorker
 from email_platform.sensors.outbox import make_outbox_sensor
 from email_platform.store import lane_workers, outbox
-from email_platform.timeutil import utcnow
 from tests.support import (
     attempts_of,
     batch_sender,

@@ -19,15 +19,15 @@ import pytest
 from dagster import DagsterInstance
 from sqlalchemy import Engine
 
-from email_platform.errors import ConfigurationError
-from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane, LaneConfig
+from email_platform.common.errors import ConfigurationError
+from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, Lane, LaneConfig
+from email_platform.common.timeutil import as_utc, utcnow
 from email_platform.providers.sandbox import SandboxProvider
 from email_platform.resources import LanePolicy
 from email_platform.sandbox.server import SandboxConfig, SandboxServer
 from email_platform.sending.leases import LeaseRenewer
 from email_platform.sending.worker import LaneWorker
 from email_platform.store import outbox
-from email_platform.timeutil import as_utc, utcnow
 from tests.support import (
     FAST_LANES,
     attempts_of,

@@ -24,14 +24,14 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from email_platform.admin import status
 from email_platform.cli import main
+from email_platform.common.ids import new_ulid
+from email_platform.common.timeutil import utcnow
 from email_platform.db.engine import make_engine
 from email_platform.db.schema import email_attempts, email_messages, email_outbox
-from email_platform.ids import new_ulid
-from email_platform.metrics import LATENCY_BUCKETS, metrics_endpoint, retry_reason
+from email_platform.observability.metrics import LATENCY_BUCKETS, metrics_endpoint, retry_reason
+from email_platform.operating.admin import status
 from email_platform.store import lane_workers
-from email_platform.timeutil import utcnow
 from tests.hostile_support import hostile_settings
 from tests.support import publish_across_lanes, run_send, signup
 

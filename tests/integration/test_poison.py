@@ -21,16 +21,16 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from sqlalchemy import Engine, update
 
-from email_platform import logs
+from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, Lane, LaneConfig
+from email_platform.common.timeutil import as_utc
 from email_platform.db.schema import email_outbox
-from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane, LaneConfig
+from email_platform.mail.routes import RouteTable, default_routes
+from email_platform.observability import logs
 from email_platform.providers.base import Accepted, OutgoingEmail
 from email_platform.providers.sandbox import SandboxProvider
 from email_platform.resources import EmailProviderResource, RoutingResource
-from email_platform.routes import RouteTable, default_routes
 from email_platform.sending.batch import build_sender
 from email_platform.sending.worker import LaneWorker
-from email_platform.timeutil import as_utc
 from tests.support import (
     attempts_of,
     dead_letters_of,

@@ -14,9 +14,9 @@ import httpx
 import pytest
 from sqlalchemy import Engine
 
-from email_platform.config import ProviderSettings
-from email_platform.errors import ConfigurationError, ProviderRejectedError, TransientError
-from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane, LaneConfig
+from email_platform.common.config import ProviderSettings
+from email_platform.common.errors import ConfigurationError, ProviderRejectedError, TransientError
+from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, Lane, LaneConfig
 from email_platform.providers.base import Accepted, OutgoingEmail
 from email_platform.providers.sandbox import SandboxProvider
 from email_platform.sandbox.server import SandboxConfig, SandboxServer

@@ -17,8 +17,8 @@ from urllib.parse import parse_qsl
 import httpx
 import pytest
 
-from email_platform.config import ProviderSettings
-from email_platform.errors import ConfigurationError, ProviderRejectedError, TransientError
+from email_platform.common.config import ProviderSettings
+from email_platform.common.errors import ConfigurationError, ProviderRejectedError, TransientError
 from email_platform.providers.base import Accepted, OutgoingEmail
 from email_platform.providers.mailgun import MailgunProvider
 from email_platform.providers.registry import open_provider

@@ -21,8 +21,8 @@ import httpx
 import pytest
 from sqlalchemy import Engine
 
-from email_platform.config import ProviderSettings
-from email_platform.errors import ConfigurationError, ProviderRejectedError, TransientError
+from email_platform.common.config import ProviderSettings
+from email_platform.common.errors import ConfigurationError, ProviderRejectedError, TransientError
 from email_platform.providers.base import Accepted, OutgoingEmail
 from email_platform.providers.postmark import DEFAULT_BASE_URL, PostmarkProvider
 from email_platform.providers.registry import open_provider

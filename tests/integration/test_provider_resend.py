@@ -23,14 +23,14 @@ import httpx
 import pytest
 from sqlalchemy import Engine
 
-from email_platform.config import ProviderSettings
-from email_platform.errors import ConfigurationError, ProviderRejectedError, TransientError
+from email_platform.common.config import ProviderSettings
+from email_platform.common.errors import ConfigurationError, ProviderRejectedError, TransientError
+from email_platform.common.tags import tag_value
 from email_platform.providers.base import Accepted, OutgoingEmail
 from email_platform.providers.registry import open_provider
 from email_platform.providers.resend import DEFAULT_BASE_URL, ResendProvider
 from email_platform.resources import EmailProviderResource
 from email_platform.sandbox.asgi import BackgroundServer
-from email_platform.tags import tag_value
 from tests.provider_stubs.resend import ResendStub
 from tests.support import (
     attempts_of,

@@ -32,13 +32,13 @@ from mailgun.client import Client as MailgunClient
 from sendgrid import SendGridAPIClient
 from sendgrid.helpers.mail import Category, CustomArg, From, Header, Mail, To
 
+from email_platform.common.tags import tag_value
 from email_platform.providers.base import OutgoingEmail, trace_metadata
 from email_platform.providers.http import HttpProvider
 from email_platform.providers.mailgun import MailgunProvider
 from email_platform.providers.postmark import PostmarkProvider
 from email_platform.providers.resend import ResendProvider
 from email_platform.providers.sendgrid import SendGridProvider
-from email_platform.tags import tag_value
 
 EVENT_ID = "01JDQ5Z3K8M9N0P1Q2R3S4T5V6"
 KEY = "test-key-0123456789"

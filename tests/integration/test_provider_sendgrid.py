@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from email_platform.config import ProviderSettings
-from email_platform.errors import (
+from email_platform.common.config import ProviderSettings
+from email_platform.common.errors import (
     ConfigurationError,
     PermanentError,
     ProviderRejectedError,

@@ -15,8 +15,8 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from email_platform.config import ProviderSettings
-from email_platform.errors import (
+from email_platform.common.config import ProviderSettings
+from email_platform.common.errors import (
     ConfigurationError,
     PermanentError,
     ProviderRejectedError,

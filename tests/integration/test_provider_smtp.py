@@ -13,8 +13,8 @@ from email.utils import parsedate_to_datetime
 
 import pytest
 
-from email_platform.config import ProviderSettings
-from email_platform.errors import (
+from email_platform.common.config import ProviderSettings
+from email_platform.common.errors import (
     ConfigurationError,
     PermanentError,
     ProviderRejectedError,

@@ -7,9 +7,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from email_platform import InvalidAddressError, PublishError, publish, publish_many
+from email_platform.common.errors import NotInTransactionError
+from email_platform.common.timeutil import as_utc
 from email_platform.db.schema import email_outbox
-from email_platform.errors import NotInTransactionError
-from email_platform.timeutil import as_utc
 from tests.support import product, signup, users
 
 
@@ -166,7 +166,7 @@ def test_publish_many_checks_every_event_before_writing_any(engine):
 
 def test_an_order_id_bound_for_the_receipt_subject_is_checked_at_publish(engine) -> None:
     """The receipt's subject renders order_id: a line break in it is refused at the call."""
-    from email_platform.errors import HeaderInjectionError
+    from email_platform.common.errors import HeaderInjectionError
 
     with engine.begin() as connection, pytest.raises(HeaderInjectionError) as refused:
         publish(

@@ -30,10 +30,12 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, select
 
 from email_platform import publish
-from email_platform.classify import classify_exception
+from email_platform.common.classify import classify_exception
+from email_platform.common.errors import DeliveryError, PublishError, TemplateRenderError
 from email_platform.db.engine import make_engine, upgrade
 from email_platform.db.schema import email_outbox
-from email_platform.errors import DeliveryError, PublishError, TemplateRenderError
+from email_platform.mail.rendering import TemplateRenderer
+from email_platform.mail.routes import default_routes
 from email_platform.providers.base import Accepted, EmailProvider, OutgoingEmail
 from email_platform.providers.mailgun import MailgunProvider
 from email_platform.providers.postmark import PostmarkProvider
@@ -42,8 +44,6 @@ from email_platform.providers.sandbox import SandboxProvider
 from email_platform.providers.sendgrid import SendGridProvider
 from email_platform.providers.ses import SesProvider
 from email_platform.providers.smtp import SmtpProvider
-from email_platform.rendering import TemplateRenderer
-from email_platform.routes import default_routes
 from tests.provider_stubs.smtp import SmtpStub
 
 ROUTES = default_routes()

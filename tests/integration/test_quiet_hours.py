@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from email_platform.common.timeutil import as_utc, utcnow
+from email_platform.mail.routes import QuietHours, RouteTable, default_routes
 from email_platform.resources import RoutingResource
-from email_platform.routes import QuietHours, RouteTable, default_routes
-from email_platform.timeutil import as_utc, utcnow
 from tests.support import (
     event,
     publish_across_lanes,

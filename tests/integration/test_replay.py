@@ -4,11 +4,11 @@ suppressed dead letters are closed, and two publishes under one idempotency key 
 
 from dagster import DagsterInstance, ReexecutionOptions, execute_job, reconstructable
 
-from email_platform import publisher
-from email_platform.admin import discard_dead_letters, requeue_dead_letters
+from email_platform.common.timeutil import utcnow
+from email_platform.operating.admin import discard_dead_letters, requeue_dead_letters
+from email_platform.publishing import publisher
 from email_platform.resources import RoutingResource
 from email_platform.store import dead_letters, suppressions
-from email_platform.timeutil import utcnow
 from tests.support import (
     dead_letters_of,
     event,

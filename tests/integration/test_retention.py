@@ -15,9 +15,11 @@ from hypothesis import strategies as st
 from sqlalchemy import event as sa_event
 from sqlalchemy import func, insert, select, update
 
-from email_platform import config, retention
 from email_platform.cli import main
-from email_platform.config import RetentionSettings
+from email_platform.common import config
+from email_platform.common.config import RetentionSettings
+from email_platform.common.errors import ConfigurationError
+from email_platform.common.timeutil import utcnow
 from email_platform.db.schema import (
     dead_letters,
     email_attempts,
@@ -28,9 +30,8 @@ from email_platform.db.schema import (
     suppressions,
     webhook_inbox,
 )
-from email_platform.errors import ConfigurationError
+from email_platform.operating import retention
 from email_platform.store import circuits
-from email_platform.timeutil import utcnow
 from tests.hostile_support import hostile_settings
 from tests.support import publish_one, run_send
 
@@ -295,7 +296,7 @@ def test_a_dedupe_retention_lets_old_key_holders_go(engine):
 def test_purge_after_real_sends_keeps_the_dead_letter_until_it_is_resolved_and_old(
     engine, database_url, sandbox
 ):
-    from email_platform.admin import discard_dead_letters
+    from email_platform.operating.admin import discard_dead_letters
 
     ids = [
         publish_one(

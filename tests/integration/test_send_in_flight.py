@@ -26,8 +26,8 @@ import pytest
 from botocore.credentials import Credentials
 from sqlalchemy import Engine
 
-from email_platform.errors import ConfigurationError, TransientError
-from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane, LaneConfig
+from email_platform.common.errors import ConfigurationError, TransientError
+from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, Lane, LaneConfig
 from email_platform.providers.async_http import HANG_UP_CHECK_AFTER_S
 from email_platform.providers.base import Accepted, OutgoingEmail
 from email_platform.providers.http import ProviderRequest

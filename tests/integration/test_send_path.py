@@ -13,11 +13,11 @@ import pytest
 from dagster import DagsterInstance, ReexecutionOptions, SkipReason, execute_job, reconstructable
 from sqlalchemy import insert
 
-from email_platform import publisher
-from email_platform.ids import new_ulid
+from email_platform.common.ids import new_ulid
+from email_platform.common.timeutil import utcnow
+from email_platform.publishing import publisher
 from email_platform.resources import RoutingResource
 from email_platform.store import outbox, suppressions
-from email_platform.timeutil import utcnow
 from tests.support import (
     BATCH_LANES_JSON,
     attempts_of,
@@ -56,7 +56,7 @@ def test_batch_is_sent_once_with_event_id_and_key_in_provider_metadata(
 def test_event_committed_out_of_ulid_order_is_still_sent(engine, database_url, sandbox):
     from dagster import build_sensor_context
 
-    from email_platform.lanes import Lane
+    from email_platform.common.lanes import Lane
     from email_platform.resources import AppDatabase, LanePolicy
     from email_platform.sensors.outbox import make_outbox_sensor
 
@@ -115,7 +115,7 @@ def _send_in_child(args: tuple[str, str, list[str]]) -> bool:
 def test_claim_of_a_dead_run_is_recovered_after_its_lease(engine, database_url, sandbox):
     from dagster import build_sensor_context
 
-    from email_platform.lanes import Lane
+    from email_platform.common.lanes import Lane
     from email_platform.resources import AppDatabase, LanePolicy
     from email_platform.sensors.outbox import make_outbox_sensor
 
@@ -257,7 +257,7 @@ def _broken_templates(tmp_path: Path) -> Path:
 
 
 def test_replay_after_a_template_fix_sends_exactly_once(engine, database_url, sandbox, tmp_path):
-    from email_platform.admin import requeue_dead_letters
+    from email_platform.operating.admin import requeue_dead_letters
     from email_platform.store import dead_letters
 
     event_id = signup(engine, "u1")
@@ -287,7 +287,7 @@ def test_a_message_whose_own_bounce_suppressed_its_address_is_recorded_sent_not_
     """Found by the fault harness: the provider accepted a message whose answer timed out;
     before the retry its bounce arrived and suppressed the address. The retry must record it
     as sent (the webhook proves it went), not as suppressed, and must not call again."""
-    from email_platform.admin import requeue_dead_letters
+    from email_platform.operating.admin import requeue_dead_letters
     from email_platform.store import dead_letters, email_events
 
     address = "u1+accepttimeoutx1@example.com"
@@ -336,7 +336,7 @@ def test_a_message_whose_own_bounce_suppressed_its_address_is_recorded_sent_not_
 def test_a_suppressed_address_without_provider_events_is_still_suppressed_on_retry(
     engine, database_url, sandbox
 ):
-    from email_platform.admin import requeue_dead_letters
+    from email_platform.operating.admin import requeue_dead_letters
     from email_platform.store import dead_letters
 
     address = "u1+503x1@example.com"
@@ -459,8 +459,8 @@ def test_a_dlq_replay_of_a_message_dead_for_its_dedupe_key_dead_letters_it_again
     was, it would escape deduplication."""
     from sqlalchemy import update
 
-    from email_platform.admin import requeue_dead_letters
     from email_platform.db.schema import email_outbox
+    from email_platform.operating.admin import requeue_dead_letters
 
     bad = signup(engine, "u1")
     payload = {**event(engine, bad).payload, "user_id": "u" * 300}
@@ -488,7 +488,7 @@ def _send_job():
 
 
 def test_expired_message_is_not_sent_even_on_replay(engine, database_url, sandbox):
-    from email_platform.admin import requeue_dead_letters
+    from email_platform.operating.admin import requeue_dead_letters
     from email_platform.store import dead_letters
 
     soon = datetime.now(UTC) + timedelta(seconds=1)

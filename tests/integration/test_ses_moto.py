@@ -22,7 +22,7 @@ import pytest
 from botocore.credentials import Credentials
 from moto.server import ThreadedMotoServer
 
-from email_platform.errors import PermanentError, ProviderRejectedError
+from email_platform.common.errors import PermanentError, ProviderRejectedError
 from email_platform.providers.base import OutgoingEmail
 from email_platform.providers.ses import SesProvider
 from email_platform.resources import EmailProviderResource

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from email_platform.errors import PermanentError, ProviderRejectedError
+from email_platform.common.errors import PermanentError, ProviderRejectedError
 from email_platform.providers.base import OutgoingEmail
 from email_platform.providers.smtp import SmtpProvider, message_id_for
 from email_platform.resources import EmailProviderResource

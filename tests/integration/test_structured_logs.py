@@ -1,7 +1,7 @@
 """Every log line is one JSON object carrying the ids of what it is about.
 
 A message's story is found with one search: the worker run's lines (Dagster's console logger
-replaced by ``email_platform.loggers``) and its per-message lines carry ``event_id``,
+replaced by ``email_platform.jobs.loggers``) and its per-message lines carry ``event_id``,
 ``message_id``, ``idempotency_key``, ``provider_message_id``, ``run_id`` and ``lane``; the
 receiver's lines (``webhooks serve``, uvicorn's included) and the ingestion's per-event lines
 carry the same ids read back from the provider's webhook. No value, however hostile, breaks a
@@ -23,8 +23,8 @@ from dagster import DagsterInstance, execute_job, reconstructable
 from hypothesis import given
 from hypothesis import strategies as st
 
-from email_platform import logs
 from email_platform.jobs import lane_worker_run_config
+from email_platform.observability import logs
 from email_platform.store import inbox
 from tests.support import messages_of, signup
 from tests.webhook_support import SECRET, inbox_rows, sandbox_event, seed_sent_message, signed

@@ -9,9 +9,9 @@ import pytest
 from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, create_engine
 
 from email_platform import publish, publish_many
-from email_platform.errors import TemplateRenderError
-from email_platform.lanes import Lane
-from email_platform.routes import Route, RouteTable, demo_routes
+from email_platform.common.errors import TemplateRenderError
+from email_platform.common.lanes import Lane
+from email_platform.mail.routes import Route, RouteTable, demo_routes
 from email_platform.testing import (
     create_tables,
     published_events,

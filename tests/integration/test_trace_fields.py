@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 
 from email_platform import publish_many, warehouse
 from email_platform.cli import main
-from email_platform.errors import HeaderInjectionError, PermanentError, PublishError
-from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane
+from email_platform.common.errors import HeaderInjectionError, PermanentError, PublishError
+from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, Lane
 from email_platform.providers.base import OutgoingEmail
 from email_platform.providers.mailgun import MailgunProvider
 from email_platform.providers.postmark import PostmarkProvider
@@ -35,7 +35,11 @@ from email_platform.providers.sandbox import SandboxProvider
 from email_platform.providers.sendgrid import SendGridProvider
 from email_platform.providers.ses import SesProvider
 from email_platform.providers.smtp import SmtpProvider
-from email_platform.validation import check_correlation_id, check_producer, check_trace_id
+from email_platform.publishing.validation import (
+    check_correlation_id,
+    check_producer,
+    check_trace_id,
+)
 from email_platform.warehouse.files import writer_path
 from tests.hostile_support import hostile_settings
 from tests.support import batch_sender, event, run_send, sandbox_messages, signup

@@ -25,9 +25,10 @@ from opentelemetry.util._once import Once
 from sqlalchemy import select
 from starlette.testclient import TestClient
 
-from email_platform import publish_many, tracing
+from email_platform import publish_many
+from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, Lane
 from email_platform.db.schema import webhook_inbox
-from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane
+from email_platform.observability import tracing
 from email_platform.providers.sandbox import SandboxProvider
 from email_platform.webhooks.ingest import WebhookIngestor
 from email_platform.webhooks.receiver import create_receiver_app
@@ -243,9 +244,10 @@ def test_without_a_tracer_provider_nothing_is_recorded(engine, sandbox):
 _WITHOUT_OPENTELEMETRY = """
 import sys
 sys.modules["opentelemetry"] = None  # as if the package were not installed
-from email_platform import publish, tracing
+from email_platform import publish
+from email_platform.observability import tracing
 from email_platform.db.engine import make_engine
-from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane
+from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, Lane
 from email_platform.providers.sandbox import SandboxProvider
 from email_platform.sending.batch import build_sender
 from sqlalchemy import select

@@ -20,15 +20,14 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, select
 from starlette.testclient import TestClient
 
-from email_platform import config
+from email_platform.common import config
+from email_platform.common.errors import ConfigurationError
+from email_platform.common.lanes import Lane
+from email_platform.common.timeutil import utcnow
 from email_platform.db.schema import suppressions as suppressions_table
-from email_platform.errors import ConfigurationError
-from email_platform.headers import unsafe_header_reason
-from email_platform.lanes import Lane
-from email_platform.routes import Route, default_routes
-from email_platform.store import suppressions
-from email_platform.timeutil import utcnow
-from email_platform.unsubscribe import (
+from email_platform.mail.headers import unsafe_header_reason
+from email_platform.mail.routes import Route, default_routes
+from email_platform.mail.unsubscribe import (
     MAX_HEADER_CHARS,
     ExpiredToken,
     InvalidToken,
@@ -41,6 +40,7 @@ from email_platform.unsubscribe import (
     sign,
     verify,
 )
+from email_platform.store import suppressions
 from email_platform.webhooks.receiver import create_receiver_app
 from email_platform.webhooks.unsubscribe import one_click_body
 from tests.hostile_support import hostile_settings

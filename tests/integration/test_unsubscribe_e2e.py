@@ -12,10 +12,10 @@ import pytest
 from sqlalchemy import Engine
 from starlette.testclient import TestClient
 
-from email_platform import config
+from email_platform.common import config
+from email_platform.common.timeutil import utcnow
+from email_platform.mail.unsubscribe import sign
 from email_platform.store import messages, suppressions
-from email_platform.timeutil import utcnow
-from email_platform.unsubscribe import sign
 from email_platform.webhooks.receiver import receiver_app_from_environment
 from tests.support import (
     event,

@@ -15,11 +15,11 @@ from pathlib import Path
 import httpx
 from sqlalchemy import func, select
 
+from email_platform.common.timeutil import utcnow
 from email_platform.db.schema import email_events, webhook_inbox
 from email_platform.sandbox.emitter import WebhookPlan
 from email_platform.sandbox.server import SandboxConfig, SandboxServer
 from email_platform.store import inbox
-from email_platform.timeutil import utcnow
 from email_platform.webhooks.ingest import WebhookIngestor
 from tests.support import run_send, sandbox_stats, signup
 from tests.webhook_support import SECRET, sandbox_event, signed

@@ -17,9 +17,9 @@ import threading
 
 import pytest
 
-from email_platform.ids import new_ulid
+from email_platform.common.ids import new_ulid
+from email_platform.common.timeutil import utcnow
 from email_platform.store import email_events, inbox, suppressions
-from email_platform.timeutil import utcnow
 from email_platform.webhooks import ingest as ingest_module
 from email_platform.webhooks.ingest import WebhookIngestor
 from tests.webhook_support import (

@@ -149,7 +149,7 @@ def test_ingestion_job_applies_the_batch_and_purges_past_retention(
     old = sandbox_event("email.delivered", to="old@example.com")
     _post_all(engine, [old])
     _ingest(engine)
-    from email_platform.timeutil import utcnow
+    from email_platform.common.timeutil import utcnow
 
     with engine.begin() as connection:  # received long ago
         connection.execute(webhook_inbox.update().values(received_at=utcnow() - timedelta(days=91)))
@@ -190,7 +190,7 @@ def test_ingestion_job_applies_the_batch_and_purges_past_retention(
 
 
 def test_trace_shows_the_provider_events_of_an_event(engine, database_url, sandbox):
-    from email_platform.admin import trace
+    from email_platform.operating.admin import trace
 
     event_id = signup(engine, "t1")
     assert run_send(database_url, sandbox.base_url, "transactional", [event_id]).success

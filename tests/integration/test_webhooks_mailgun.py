@@ -21,9 +21,9 @@ import httpx
 import pytest
 from sqlalchemy import Engine
 
-from email_platform.errors import ConfigurationError
+from email_platform.common.errors import ConfigurationError
+from email_platform.common.timeutil import utcnow
 from email_platform.providers.mailgun import MailgunProvider
-from email_platform.timeutil import utcnow
 from email_platform.webhooks.errors import WebhookRejected
 from email_platform.webhooks.mailgun import build_verifier, normalize, sign
 from tests.webhook_signers.mailgun import JSON, SETTINGS, SIGNER, SIGNING_KEY, fixture, signed

@@ -15,9 +15,9 @@ import json
 import pytest
 from sqlalchemy import Engine
 
-from email_platform.errors import ConfigurationError
+from email_platform.common.errors import ConfigurationError
+from email_platform.common.timeutil import utcnow
 from email_platform.providers.postmark import PostmarkProvider
-from email_platform.timeutil import utcnow
 from email_platform.webhooks.errors import WebhookRejected
 from email_platform.webhooks.postmark import build_verifier, normalize
 from tests.webhook_signers.postmark import PASSWORD, SETTINGS, SIGNER, USER, basic_auth, fixture

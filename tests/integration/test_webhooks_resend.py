@@ -20,11 +20,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import Engine
 
-from email_platform.errors import ConfigurationError
-from email_platform.ids import new_ulid
+from email_platform.common.errors import ConfigurationError
+from email_platform.common.ids import new_ulid
+from email_platform.common.tags import tag_value
+from email_platform.common.timeutil import utcnow
 from email_platform.providers.resend import ResendProvider
-from email_platform.tags import tag_value
-from email_platform.timeutil import utcnow
 from email_platform.webhooks.errors import WebhookRejected
 from email_platform.webhooks.resend import build_verifier, normalize
 from email_platform.webhooks.standard import sign

@@ -28,10 +28,10 @@ from cryptography.hazmat.primitives.asymmetric.utils import (
 )
 from sqlalchemy import Engine, select
 
+from email_platform.common.errors import ConfigurationError
+from email_platform.common.timeutil import utcnow
 from email_platform.db.schema import email_events
-from email_platform.errors import ConfigurationError
 from email_platform.providers.sendgrid import SendGridProvider
-from email_platform.timeutil import utcnow
 from email_platform.webhooks import sendgrid
 from email_platform.webhooks.errors import WebhookRejected
 from tests.webhook_signers.sendgrid import (

@@ -23,7 +23,7 @@ import pytest
 from botocore.credentials import Credentials
 from starlette.testclient import TestClient
 
-from email_platform.errors import ConfigurationError
+from email_platform.common.errors import ConfigurationError
 from email_platform.providers.ses import SesProvider
 from email_platform.webhooks import ses
 from email_platform.webhooks.errors import WebhookMalformed, WebhookRejected

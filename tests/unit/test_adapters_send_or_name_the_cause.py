@@ -12,7 +12,7 @@ from botocore.credentials import Credentials
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from email_platform.errors import PermanentError
+from email_platform.common.errors import PermanentError
 from email_platform.providers.base import OutgoingEmail
 from email_platform.providers.http import HttpProvider
 from email_platform.providers.mailgun import MailgunProvider

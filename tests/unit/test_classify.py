@@ -1,6 +1,6 @@
 """Unit tests of failure classification and retry waits: retry versus dead letter, and when.
 
-``email_platform.classify`` decides transient (network, timeout, 408/425/429, 5xx: retried)
+``email_platform.common.classify`` decides transient (network, timeout, 408/425/429, 5xx: retried)
 versus permanent (other 4xx, unexpected exceptions: dead-lettered) and reads ``Retry-After``;
 ``email_platform.sending.retry.retry_wait_s`` turns that into the wait before the next attempt
 (Retry-After when given, else exponential backoff with full jitter, both capped per lane).
@@ -14,19 +14,19 @@ import httpx
 import pytest
 from dagster import Backoff, Jitter, RetryPolicy
 
-from email_platform.classify import (
+from email_platform.common.classify import (
     classify_exception,
     classify_response,
     is_transient,
     parse_retry_after,
 )
-from email_platform.errors import (
+from email_platform.common.errors import (
     PermanentError,
     ProviderRejectedError,
     TemplateRenderError,
     TransientError,
 )
-from email_platform.lanes import DEFAULT_LANE_CONFIGS, LANES, Lane, LaneConfig
+from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, LANES, Lane, LaneConfig
 from email_platform.sending.retry import retry_wait_s
 
 NOW = datetime(2015, 10, 21, 7, 28, 0, tzinfo=UTC)

@@ -10,6 +10,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from email_platform.common.errors import ConfigurationError
+from email_platform.common.lanes import LaneConfig
 from email_platform.component import (
     DEMO_ROUTES,
     EmailPlatformComponent,
@@ -18,10 +20,8 @@ from email_platform.component import (
     ScaffoldParams,
 )
 from email_platform.definitions import build_definitions
-from email_platform.errors import ConfigurationError
-from email_platform.lanes import LaneConfig
+from email_platform.mail.routes import default_routes
 from email_platform.resources import RoutingResource
-from email_platform.routes import default_routes
 
 #: A route table named as an object ("module:ROUTES"), as a product would.
 ROUTES = default_routes()

@@ -37,7 +37,7 @@ CHILD = textwrap.dedent(
     from sqlalchemy import create_engine
 
     from email_platform import publish, publish_many
-    from email_platform.routes import configured_routes
+    from email_platform.mail.routes import configured_routes
     from email_platform.testing import create_tables, recording_published
 
     engine = create_engine("sqlite://")
@@ -68,7 +68,7 @@ def test_publish_loads_only_the_cores_dependencies() -> None:
     env = {
         "PATH": "/usr/bin:/bin",
         "PYTHONPATH": str(ROOT),
-        "EMAIL_PLATFORM_ROUTES": "email_platform.routes:demo_routes",
+        "EMAIL_PLATFORM_ROUTES": "email_platform.mail.routes:demo_routes",
     }
     result = subprocess.run(
         [sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, check=False

@@ -18,8 +18,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from email_platform import config
 from email_platform.cli import main as email_platform_cli
+from email_platform.common import config
 from tests.paths import ROOT
 
 DEPLOY = ROOT / "deploy"

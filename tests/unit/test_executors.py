@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import pytest
 from dagster import DagsterRunStatus, in_process_executor, multiprocess_executor
 
-from email_platform import config, executors
-from email_platform.errors import ConfigurationError
-from email_platform.jobs import lane_worker_job, send_email_job
+from email_platform.common import config
+from email_platform.common.errors import ConfigurationError
+from email_platform.jobs import executors, lane_worker_job, send_email_job
 from email_platform.local.celery_worker import worker_command
 
 

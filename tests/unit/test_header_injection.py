@@ -2,9 +2,9 @@
 
 Every adapter promises to refuse, before it builds a request, a message whose sender, recipient,
 subject, custom header names or custom header values hold a line separator, raw or hidden in an
-RFC 2047 encoded word (``email_platform.headers.unsafe_header_reason``): ``PermanentError`` with
-code ``header_injection``, and in a batch call the refused message's own result while the others
-still go out. These tests check that promise where it matters, at the server:
+RFC 2047 encoded word (``email_platform.mail.headers.unsafe_header_reason``): ``PermanentError``
+with code ``header_injection``, and in a batch call the refused message's own result while the
+others still go out. These tests check that promise where it matters, at the server:
 
 * HTTP adapters (sandbox, Postmark, SendGrid, Mailgun, SES, Resend) send to a real loopback
   server (the sandbox server, or the provider stubs in ``tests/provider_stubs``) wrapped in an
@@ -47,8 +47,8 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from email_platform.errors import DeliveryError, PermanentError
-from email_platform.headers import unsafe_header_reason
+from email_platform.common.errors import DeliveryError, PermanentError
+from email_platform.mail.headers import unsafe_header_reason
 from email_platform.providers.base import Accepted, OutgoingEmail, header_problem
 from email_platform.providers.http import HttpProvider
 from email_platform.providers.mailgun import MailgunProvider

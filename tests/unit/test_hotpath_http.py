@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from email_platform.errors import TransientError
+from email_platform.common.errors import TransientError
 from email_platform.providers.base import OutgoingEmail
 from email_platform.providers.sandbox import SandboxProvider
 

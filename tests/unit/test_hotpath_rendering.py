@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from email_platform.errors import TemplateRenderError
-from email_platform.rendering import TemplateRenderer
+from email_platform.common.errors import TemplateRenderError
+from email_platform.mail.rendering import TemplateRenderer
 
 
 def _write(root: Path, files: dict[str, str]) -> None:

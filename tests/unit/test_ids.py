@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from email_platform.ids import is_ulid, new_ulid
+from email_platform.common.ids import is_ulid, new_ulid
 
 CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 

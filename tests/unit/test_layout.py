@@ -20,11 +20,9 @@ SHELL = (
     "assets",
     "resources",
     "jobs",
-    "executors",
     "definitions",
     # The Dagster Component (defs.yaml) over the definitions.
     "component",
-    "loggers",
     "cli",
 )
 #: Harnesses: the fake provider and the one-machine runners (demo, local daemon).
@@ -59,7 +57,7 @@ CORE = [p for p in MODULES if _top(_module_name(p)) not in (*SHELL, *HARNESSES, 
 
 def test_the_layout_has_a_core_to_check() -> None:
     tops = {_top(_module_name(p)) for p in CORE}
-    assert {"sending", "providers", "webhooks", "store", "publisher", "routes"} <= tops
+    assert {"sending", "providers", "webhooks", "store", "publishing", "mail"} <= tops
 
 
 @pytest.mark.parametrize("path", CORE, ids=lambda p: _module_name(p))

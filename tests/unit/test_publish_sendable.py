@@ -17,12 +17,12 @@ import pytest
 from sqlalchemy import Connection, create_engine, inspect
 
 from email_platform import publish, publish_many
-from email_platform.errors import (
+from email_platform.common.errors import (
     HeaderInjectionError,
     InvalidIdempotencyKeyError,
     PublishError,
 )
-from email_platform.validation import check_correlation_id, check_idempotency_key
+from email_platform.publishing.validation import check_correlation_id, check_idempotency_key
 
 
 @pytest.fixture

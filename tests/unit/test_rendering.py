@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from email_platform.errors import PermanentError, TemplateRenderError, TransientError
-from email_platform.rendering import TemplateRenderer
+from email_platform.common.errors import PermanentError, TemplateRenderError, TransientError
+from email_platform.mail.rendering import TemplateRenderer
 
 SCRIPT = "<script>alert(1)</script>"
 

@@ -11,13 +11,12 @@ import pytest
 from sqlalchemy import create_engine
 
 from email_platform import cli, publish, publish_many
-from email_platform.config import ROUTES_SETTING
+from email_platform.common.config import ROUTES_SETTING
+from email_platform.common.errors import ConfigurationError
+from email_platform.common.lanes import Lane
 from email_platform.db.schema import metadata
-from email_platform.errors import ConfigurationError
-from email_platform.lanes import Lane
 from email_platform.local.stack import StackSettings, stack_env
-from email_platform.resources import RoutingResource
-from email_platform.routes import (
+from email_platform.mail.routes import (
     DEMO_ROUTES,
     DEMO_TEMPLATES,
     Route,
@@ -26,6 +25,7 @@ from email_platform.routes import (
     demo_routes,
     load_routes,
 )
+from email_platform.resources import RoutingResource
 from email_platform.sending.batch import build_sender
 
 #: A product's own table, as a module attribute (``tests.unit.test_route_setting:ORDERS``).

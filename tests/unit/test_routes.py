@@ -1,6 +1,6 @@
 """Unit tests of event routing: which mail an event causes and which runs carry it.
 
-Two pure layers: ``email_platform.routes`` (route lookups, upcasting older event versions, lane
+Two pure layers: ``email_platform.mail.routes`` (route lookups, upcasting older event versions, lane
 choice, application-level dedupe keys) and the planning half of the outbox sensor
 (``batch_run_key`` and ``plan_run_requests``: batching, run keys, tags and run config). No
 database, no Dagster instance: the sensor helpers are fed plain dataclass rows.
@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from email_platform.errors import PermanentError, UnknownEventVersionError
-from email_platform.ids import new_ulid
-from email_platform.lanes import Lane
-from email_platform.rendering import TemplateRenderer
-from email_platform.routes import Route, RouteTable, default_routes
+from email_platform.common.errors import PermanentError, UnknownEventVersionError
+from email_platform.common.ids import new_ulid
+from email_platform.common.lanes import Lane
+from email_platform.mail.rendering import TemplateRenderer
+from email_platform.mail.routes import Route, RouteTable, default_routes
 from email_platform.sensors.outbox import batch_run_key, plan_run_requests
 
 V1_SIGNED_UP = {"user_id": "user_abc123", "email": "jane@example.com", "name": "Jane Doe"}

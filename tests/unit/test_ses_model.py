@@ -13,7 +13,7 @@ from botocore.credentials import Credentials
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from email_platform.errors import DeliveryError, PermanentError
+from email_platform.common.errors import DeliveryError, PermanentError
 from email_platform.providers.base import OutgoingEmail
 from email_platform.providers.ses import MAX_HEADERS, SesProvider
 from tests.ses_model import botocore_body, documented_rules, send_email_problems

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from email_platform.errors import PermanentError
+from email_platform.common.errors import PermanentError
 from email_platform.providers.smtp_message import (
     LINE_MUST,
     LINE_SHOULD,

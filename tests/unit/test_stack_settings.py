@@ -7,7 +7,7 @@ import shlex
 import pytest
 import yaml
 
-from email_platform import config
+from email_platform.common import config
 from email_platform.local.stack import StackError, StackSettings, _dagster_yaml, stack_env
 
 

@@ -18,10 +18,8 @@ import pytest
 from sqlalchemy import Connection, Engine, create_engine, func, inspect, select
 from sqlalchemy.exc import OperationalError
 
-from email_platform import publish, validation
-from email_platform.db.engine import make_engine, upgrade
-from email_platform.db.schema import email_outbox
-from email_platform.errors import (
+from email_platform import publish
+from email_platform.common.errors import (
     HeaderInjectionError,
     InvalidAddressError,
     InvalidPayloadError,
@@ -29,8 +27,11 @@ from email_platform.errors import (
     PublishError,
     UnknownPriorityError,
 )
-from email_platform.ids import is_ulid
-from email_platform.lanes import Lane
+from email_platform.common.ids import is_ulid
+from email_platform.common.lanes import Lane
+from email_platform.db.engine import make_engine, upgrade
+from email_platform.db.schema import email_outbox
+from email_platform.publishing import validation
 
 SIGNED_UP = {"user_id": "user_abc123", "email": "jane@example.com", "first_name": "Jane"}
 RESET = {"user_id": "user_abc123", "reset_token": "tok_123"}

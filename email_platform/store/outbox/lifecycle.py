@@ -1,6 +1,6 @@
 """The end of an event's life in ``email_outbox``: requeued for a replay, cancelled and
-anonymized by erasure (``email_platform.erasure``), purged by retention
-(``email_platform.retention``)."""
+anonymized by erasure (``email_platform.operating.erasure``), purged by retention
+(``email_platform.operating.retention``)."""
 
 from collections.abc import Sequence
 from datetime import datetime
@@ -41,7 +41,7 @@ def requeue(connection: Connection, event_ids: Sequence[str]) -> int:
     return total
 
 
-# ---- erasure (email_platform.erasure) -------------------------------------------------------
+# ---- erasure (email_platform.operating.erasure) --------------------------------------------------
 
 #: Terminal, like done and dead: an erased person's event, never sent. Not in EVENT_STATUSES
 #: (the zero-filled counts of ``status --json``); counted wherever one exists.
@@ -113,7 +113,7 @@ def anonymize(connection: Connection, event_id: str, values: dict[str, Any]) -> 
     connection.execute(update(outbox).where(outbox.c.event_id == event_id).values(**values))
 
 
-# ---- retention (email_platform.retention) ---------------------------------------------------
+# ---- retention (email_platform.operating.retention) ----------------------------------------------
 
 
 def purgeable_query(

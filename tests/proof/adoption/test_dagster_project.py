@@ -32,8 +32,8 @@ PROJECT = "shop"
 ROUTES_MODULE = '''
 """The shop's route table: one object, read by publish() and by the send jobs."""
 
-from email_platform.lanes import Lane
-from email_platform.routes import Route, RouteTable
+from email_platform.common.lanes import Lane
+from email_platform.mail.routes import Route, RouteTable
 
 ROUTES = RouteTable(
     routes=[

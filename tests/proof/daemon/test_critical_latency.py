@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import insert, select
 
 from email_platform import publish
+from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, Lane
 from email_platform.db.engine import make_engine
 from email_platform.db.schema import email_messages, email_outbox, lane_workers
-from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane
 from email_platform.local.dagster_home import (
     DaemonProcess,
     wait_for,

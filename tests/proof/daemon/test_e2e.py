@@ -13,8 +13,8 @@ from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 from sqlalchemy import insert, select
 
 from email_platform import publish
+from email_platform.common.lanes import outbox_sensor_name
 from email_platform.db.schema import dead_letters, email_messages, email_outbox, lane_workers
-from email_platform.lanes import outbox_sensor_name
 from email_platform.local.dagster_home import DaemonProcess, prepare_home, wait_for
 from email_platform.ops.lane_worker import stopped_lane_sensors
 from tests.support import product, sandbox_messages, sandbox_stats, users

@@ -41,8 +41,8 @@ PUBLISH = textwrap.dedent(
     from sqlalchemy import create_engine
 
     from email_platform import publish
-    from email_platform.routes import Route, RouteTable
-    from email_platform.lanes import Lane
+    from email_platform.mail.routes import Route, RouteTable
+    from email_platform.common.lanes import Lane
     from email_platform.testing import create_tables, recording_published
 
     ROUTES = RouteTable(routes=[Route(
@@ -149,7 +149,8 @@ def test_the_dagster_extra_migrates_and_loads_the_definitions(tmp_path: Path, wh
         "dg.Definitions.validate_loadable(defs)\n"
         "repo = defs.get_repository_def()\n"
         "print(len(repo.get_all_jobs()), len(repo.sensor_defs))",
-        cwd=elsewhere, env={**env, "EMAIL_PLATFORM_ROUTES": "email_platform.routes:demo_routes"},
+        cwd=elsewhere,
+        env={**env, "EMAIL_PLATFORM_ROUTES": "email_platform.mail.routes:demo_routes"},
     )  # fmt: skip
     jobs, sensors = map(int, loaded.stdout.split()[-2:])
     assert jobs >= 4 and sensors >= 3

@@ -36,11 +36,11 @@ CHILD = textwrap.dedent(
     import email_platform
     from email_platform import publish, warehouse
     from email_platform.db.engine import make_engine
-    from email_platform.lanes import DEFAULT_LANE_CONFIGS, Lane
+    from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, Lane
     from email_platform.providers.base import Accepted
-    from email_platform.recipients import NoResolver
-    from email_platform.rendering import TemplateRenderer
-    from email_platform.routes import demo_routes
+    from email_platform.mail.recipients import NoResolver
+    from email_platform.mail.rendering import TemplateRenderer
+    from email_platform.mail.routes import demo_routes
     from email_platform.sending.batch import BatchSender
 
     url, warehouse_path = sys.argv[1:]

@@ -11,13 +11,13 @@ from email.utils import parsedate_to_datetime
 
 import httpx
 
-from email_platform.errors import (
+from email_platform.common.errors import (
     DeliveryError,
     PermanentError,
     ProviderRejectedError,
     TransientError,
 )
-from email_platform.timeutil import utcnow
+from email_platform.common.timeutil import utcnow
 
 TRANSIENT_STATUS = frozenset({408, 425, 429})
 

@@ -117,7 +117,7 @@ class ProviderSettings:
         values = _env(env)
         name = (provider or values.get(PREFIX + "PROVIDER", "sandbox")).strip().lower()
         if name not in PROVIDERS:
-            from email_platform.errors import ConfigurationError
+            from email_platform.common.errors import ConfigurationError
 
             raise ConfigurationError(
                 f"{PREFIX}PROVIDER={name!r} is not one of {', '.join(PROVIDERS)}"
@@ -178,8 +178,8 @@ class ExecutorSettings:
 def executor_settings(env: Mapping[str, str] | None = None) -> ExecutorSettings:
     """``EMAIL_PLATFORM_EXECUTOR``, ``_CELERY_BROKER``, ``_CELERY_BACKEND`` and
     ``_CELERY_LANE_QUEUES`` (``critical=critical,transactional=mail``)."""
-    from email_platform.errors import ConfigurationError
-    from email_platform.lanes import LANES
+    from email_platform.common.errors import ConfigurationError
+    from email_platform.common.lanes import LANES
 
     values = _env(env)
     kind = values.get(PREFIX + "EXECUTOR", "default").strip().lower() or "default"
@@ -207,7 +207,7 @@ def executor_settings(env: Mapping[str, str] | None = None) -> ExecutorSettings:
 def _celery_url(values: Mapping[str, str], name: str) -> str | None:
     """dagster-celery writes the URL into a Python file between single quotes: refuse what
     would end the string or the line there."""
-    from email_platform.errors import ConfigurationError
+    from email_platform.common.errors import ConfigurationError
 
     url = values.get(name) or None
     if url is not None and any(c in "'\"\\" or c.isspace() or not c.isprintable() for c in url):
@@ -351,7 +351,7 @@ def retention_settings(env: Mapping[str, str] | None = None) -> RetentionSetting
 
 def _positive_int(values: Mapping[str, str], name: str, default: int) -> int:
     """A whole number of at least 1: a retention of 0 days would purge what just finished."""
-    from email_platform.errors import ConfigurationError
+    from email_platform.common.errors import ConfigurationError
 
     raw = values.get(PREFIX + name, "").strip()
     if not raw:
@@ -372,7 +372,7 @@ def failover_provider_settings(env: Mapping[str, str] | None = None) -> Provider
     """
     import dataclasses
 
-    from email_platform.errors import ConfigurationError
+    from email_platform.common.errors import ConfigurationError
 
     values = _env(env)
     name = values.get(PREFIX + "FAILOVER_PROVIDER", "").strip().lower()
@@ -404,7 +404,7 @@ CIRCUIT_VARIABLES = {
 def circuit_breaker_enabled(env: Mapping[str, str] | None = None) -> bool | None:
     """``EMAIL_PLATFORM_CIRCUIT_BREAKER`` (on/off); None when unset (then it is on only with
     a failover provider)."""
-    from email_platform.errors import ConfigurationError
+    from email_platform.common.errors import ConfigurationError
 
     raw = _env(env).get(PREFIX + "CIRCUIT_BREAKER", "").strip().lower()
     if not raw:
@@ -418,7 +418,7 @@ def circuit_breaker_enabled(env: Mapping[str, str] | None = None) -> bool | None
 
 def circuit_overrides(env: Mapping[str, str] | None = None) -> dict[str, float | int]:
     """The ``EMAIL_PLATFORM_CIRCUIT_*`` thresholds that are set, keyed by setting name."""
-    from email_platform.errors import ConfigurationError
+    from email_platform.common.errors import ConfigurationError
 
     values = _env(env)
     found: dict[str, float | int] = {}

@@ -9,8 +9,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from email_platform.common.timeutil import isoformat
 from email_platform.store.alerts import Transition
-from email_platform.timeutil import isoformat
 
 log = logging.getLogger(__name__)
 

@@ -16,16 +16,16 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from email_platform import config
-from email_platform.errors import ConfigurationError, UnknownEventVersionError
-from email_platform.lanes import Lane
+from email_platform.common import config
+from email_platform.common.errors import ConfigurationError, UnknownEventVersionError
+from email_platform.common.lanes import Lane
 
 #: The setting that names the route table (``config.ROUTES_SETTING``).
 ROUTES_SETTING = config.ROUTES_SETTING
 #: The demo's route table, for the demo, the local stack, the bench and tests to name.
-DEMO_ROUTES = "email_platform.routes:demo_routes"
+DEMO_ROUTES = "email_platform.mail.routes:demo_routes"
 #: The demo's templates, shipped in the package (the demo table names them).
-DEMO_TEMPLATES = Path(__file__).parent / "templates"
+DEMO_TEMPLATES = Path(__file__).parents[1] / "templates"
 
 Payload = dict[str, Any]
 

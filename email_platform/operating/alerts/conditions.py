@@ -12,10 +12,10 @@ from datetime import datetime
 
 from sqlalchemy import Connection
 
-from email_platform.lanes import LaneConfig
+from email_platform.common.lanes import LaneConfig
+from email_platform.common.timeutil import as_utc
 from email_platform.store import circuits, lane_pauses
 from email_platform.store.metrics_queries import lane_queues, open_dead_letters
-from email_platform.timeutil import as_utc
 
 #: Kinds of alert, each with the part of its key after the colon.
 DEAD_LETTERS = "dead_letters"  # :<reason>

@@ -20,7 +20,7 @@ from typing import Any
 from dagster import DagsterRunStatus, ExecutorDefinition
 from dagster._core.execution.retries import RetryMode
 
-from email_platform import config
+from email_platform.common import config
 
 #: How often a step's run status is read while its Celery task is out.
 LOST_STEP_CHECK_S = 10.0
@@ -73,7 +73,7 @@ def lane_celery_executor(settings: config.ExecutorSettings, retries: RetryMode) 
     try:
         from dagster_celery.executor import CeleryExecutor
     except ImportError as error:  # pragma: no cover - the extra is part of the dev install
-        from email_platform.errors import ConfigurationError
+        from email_platform.common.errors import ConfigurationError
 
         raise ConfigurationError(
             "EMAIL_PLATFORM_EXECUTOR=celery needs dagster-celery: pip install "

@@ -22,10 +22,10 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from email_platform import config
-from email_platform.config import RetentionSettings
+from email_platform.common import config
+from email_platform.common.config import RetentionSettings
+from email_platform.common.timeutil import utcnow
 from email_platform.store import attempts, dead_letters, email_events, inbox, messages, outbox
-from email_platform.timeutil import utcnow
 
 #: The tables the purge deletes from, in the order it reports them.
 TABLES = (

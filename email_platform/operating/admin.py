@@ -11,7 +11,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Row
 
-from email_platform.lanes import LANES
+from email_platform.common.lanes import LANES
+from email_platform.common.timeutil import as_utc, isoformat, utcnow
 from email_platform.store import (
     attempts,
     circuits,
@@ -21,7 +22,6 @@ from email_platform.store import (
     messages,
     outbox,
 )
-from email_platform.timeutil import as_utc, isoformat, utcnow
 
 #: The percentiles of ``status``'s publish-to-accepted latency.
 LATENCY_PERCENTILES = (50, 95, 99)

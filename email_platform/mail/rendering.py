@@ -13,11 +13,11 @@ from typing import Any
 
 import jinja2
 
-from email_platform.errors import TemplateRenderError
-from email_platform.headers import unsafe_header_reason
-from email_platform.text import text_problem
+from email_platform.common.errors import TemplateRenderError
+from email_platform.common.text import text_problem
+from email_platform.mail.headers import unsafe_header_reason
 
-PACKAGE_TEMPLATES = Path(__file__).parent / "templates"
+PACKAGE_TEMPLATES = Path(__file__).parents[1] / "templates"
 _VERSION_DIR = re.compile(r"^v(\d+)$")
 
 

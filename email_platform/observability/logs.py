@@ -6,7 +6,7 @@ from ``bind(...)`` that adds them to every line). ``JsonFormatter`` writes the s
 JSON escapes every control character, so a hostile value can neither break a line nor forge one.
 
 The same fields reach every sink: Dagster's event log keeps the sentence (what the UI shows),
-the run's console logger (``email_platform.loggers``) and the processes' stderr get the JSON,
+the run's console logger (``email_platform.jobs.loggers``) and the processes' stderr get the JSON,
 and sensor tick logs store each record whole, fields included. Per-message lines (a message
 accepted, a webhook applied) go to the stdlib logger ``email_platform.messages`` only: one
 event-log row per email would cost the database more than the send.

@@ -41,9 +41,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from email_platform.lanes import LANES
+from email_platform.common.lanes import LANES
+from email_platform.common.timeutil import as_utc, utcnow
 from email_platform.store import attempts, circuits, messages, metrics_queries
-from email_platform.timeutil import as_utc, utcnow
 
 log = logging.getLogger(__name__)
 

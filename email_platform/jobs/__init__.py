@@ -9,8 +9,8 @@ from typing import Any
 
 from dagster import in_process_executor, job, multiprocess_executor
 
-from email_platform.executors import switchable_executor
-from email_platform.loggers import JOB_LOGGERS
+from email_platform.jobs.executors import switchable_executor
+from email_platform.jobs.loggers import JOB_LOGGERS
 from email_platform.ops.alerts import announce_alert
 from email_platform.ops.ingest import ingest_webhook_batch
 from email_platform.ops.lane_worker import run_lane_worker
@@ -84,7 +84,7 @@ def alert_job() -> None:
 
 #: Every run the platform launches names its console logger: Dagster builds a job's own
 #: loggers only when the run config mentions them, else its coloured text console. Each job
-#: makes ``console`` the JSON logger (``email_platform.loggers``).
+#: makes ``console`` the JSON logger (``email_platform.jobs.loggers``).
 RUN_LOGGERS: dict[str, Any] = {"console": {"config": {"log_level": "INFO"}}}
 
 

@@ -7,18 +7,19 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
-from email_platform import guards, tracing, validation
-from email_platform.errors import (
+from email_platform.common.errors import (
     InvalidPayloadError,
     NotInTransactionError,
     PublishError,
     UnknownEventVersionError,
 )
-from email_platform.ids import new_ulid
-from email_platform.lanes import Lane
-from email_platform.routes import RouteTable, configured_routes
+from email_platform.common.ids import new_ulid
+from email_platform.common.lanes import Lane
+from email_platform.common.timeutil import utcnow
+from email_platform.mail.routes import RouteTable, configured_routes
+from email_platform.observability import tracing
+from email_platform.publishing import guards, validation
 from email_platform.store import outbox
-from email_platform.timeutil import utcnow
 
 
 def _routes(routes: object) -> RouteTable:

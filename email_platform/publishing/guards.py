@@ -14,11 +14,11 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from email_platform.common.errors import EventRefusedError, RateLimitedError
+from email_platform.common.timeutil import as_utc
 from email_platform.db.locks import lock_for_transaction
-from email_platform.errors import EventRefusedError, RateLimitedError
-from email_platform.routes import EventDraft, Route, RouteTable
+from email_platform.mail.routes import EventDraft, Route, RouteTable
 from email_platform.store import outbox
-from email_platform.timeutil import as_utc
 
 #: Names the field of an error: ``name`` for publish(), ``events[i].name`` for publish_many().
 FieldName = Callable[[int, str], str]

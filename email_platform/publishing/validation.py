@@ -16,8 +16,7 @@ from typing import Any
 
 from email_validator import EmailNotValidError, validate_email
 
-from email_platform.db.schema import email_messages, email_outbox
-from email_platform.errors import (
+from email_platform.common.errors import (
     HeaderInjectionError,
     InvalidAddressError,
     InvalidIdempotencyKeyError,
@@ -25,9 +24,10 @@ from email_platform.errors import (
     PublishError,
     UnknownPriorityError,
 )
-from email_platform.headers import unsafe_header_reason
-from email_platform.lanes import LANES, Lane
-from email_platform.text import text_problem
+from email_platform.common.lanes import LANES, Lane
+from email_platform.common.text import text_problem
+from email_platform.db.schema import email_messages, email_outbox
+from email_platform.mail.headers import unsafe_header_reason
 
 MAX_PAYLOAD_BYTES = 64 * 1024
 #: Deeper JSON than this is refused (Python's encoder recurses, and no template needs it).

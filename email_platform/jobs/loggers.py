@@ -1,4 +1,4 @@
-"""The console logger of every job: each line a JSON object (``email_platform.logs``).
+"""The console logger of every job: each line a JSON object (``email_platform.observability.logs``).
 
 Dagster's event log keeps the sentence the UI shows; this logger writes the same record to the
 run's stderr as JSON, with the run id, job, step and the ids the code attached. Starting it
@@ -10,7 +10,7 @@ import logging
 
 from dagster import Field, InitLoggerContext, LoggerDefinition, logger
 
-from email_platform import logs
+from email_platform.observability import logs
 
 
 @logger(

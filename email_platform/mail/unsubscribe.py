@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from email.utils import parseaddr
 
-from email_platform import config
-from email_platform.errors import ConfigurationError
-from email_platform.routes import Route
+from email_platform.common import config
+from email_platform.common.errors import ConfigurationError
+from email_platform.mail.routes import Route
 
 VERSION = 1
 #: Longer than any token we issue (a 320-character address, escaped); anything longer is junk.

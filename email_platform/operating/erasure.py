@@ -28,8 +28,10 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Row
 
-from email_platform.redaction import mentions, scrub
-from email_platform.routes import RouteTable, configured_routes
+from email_platform.common.timeutil import utcnow
+from email_platform.mail.routes import RouteTable, configured_routes
+from email_platform.observability.redaction import mentions, scrub
+from email_platform.publishing.validation import check_address
 from email_platform.store import (
     attempts,
     dead_letters,
@@ -39,8 +41,6 @@ from email_platform.store import (
     outbox,
     suppressions,
 )
-from email_platform.timeutil import utcnow
-from email_platform.validation import check_address
 
 #: What an anonymized payload, metadata and webhook body become.
 ERASED_JSON: dict[str, Any] = {"erased": True}
