@@ -1,6 +1,7 @@
 """``email-platform``: the operator's command line."""
 
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -46,23 +47,30 @@ def db_upgrade(url: str | None, revision: str) -> None:
     help="Window of the publish-to-accepted percentiles.",
 )
 def status(as_json: bool, url: str | None, latency_minutes: int) -> None:
-    """Queue depth and oldest age per lane, message outcomes, open dead letters, and
-    publish-to-accepted latency p50/p95/p99 per lane over the last minutes."""
+    """Per lane: due work (depth, oldest due age), scheduled work (send_after ahead), in
+    flight, live workers and pauses; whether a daemon ticks the sensors; message outcomes,
+    open dead letters, and publish-to-accepted latency p50/p95/p99 per lane over the last
+    minutes. Times are in seconds."""
+    from email_platform.cli.instance import describe_daemon, sensor_daemon
     from email_platform.operating.admin import status as read_status
 
     report = read_status(_engine(url), latency_minutes=latency_minutes)
+    report["daemon"] = sensor_daemon()
     if as_json:
         _print_json(report)
         return
     events, msgs = report["events"], report["messages"]
     click.echo("events   " + "  ".join(f"{k}={v}" for k, v in events.items()))
     click.echo("messages " + "  ".join(f"{k}={v}" for k, v in msgs.items()))
+    click.echo(describe_daemon(report["daemon"]))
+    click.echo(_describe_workers(report["lanes"]))
     for lane, info in report["lanes"].items():
-        age = info["oldest_age_s"]
         paused = info["paused"]
         click.echo(
-            f"lane {lane:<13} depth={info['depth']:<6} oldest_age_s="
-            f"{'-' if age is None else f'{age:.1f}'}"
+            f"lane {lane:<13} due={info['depth']:<6} "
+            f"oldest_due_age={_seconds(info['oldest_age_s'])}"
+            f"  scheduled={info['scheduled']}  in_flight={info['in_flight']}"
+            f"  workers_alive={info['workers_alive']}"
             + (f"  PAUSED by {paused['by']} since {paused['since']}" if paused else "")
         )
     dl = report["dead_letters"]
@@ -72,14 +80,34 @@ def status(as_json: bool, url: str | None, latency_minutes: int) -> None:
     )
     window = report["latency"]["window_minutes"]
     for lane, info in report["latency"]["lanes"].items():
-        shown = "  ".join(
-            f"{p}={'-' if info[f'{p}_s'] is None else format(info[f'{p}_s'], '.2f')}"
-            for p in ("p50", "p95", "p99")
+        shown = "  ".join(f"{p}={_seconds(info[f'{p}_s'], 2)}" for p in ("p50", "p95", "p99"))
+        click.echo(
+            f"latency {lane:<13} accepted={info['accepted']:<6} {shown} "
+            f"(publish to accepted, last {window} min)"
         )
-        click.echo(f"latency {lane:<13} accepted={info['accepted']:<6} {shown} (last {window} min)")
     for provider, states in sorted(report["circuits"].items()):
         held = " ".join(f"{state}={n}" for state, n in sorted(states.items()))
         click.echo(f"circuit {provider:<13} {held} (sending processes turned away)")
+
+
+def _seconds(value: float | None, digits: int = 1) -> str:
+    """A duration with its unit, ``-`` for none."""
+    return "-" if value is None else f"{value:.{digits}f}s"
+
+
+def _describe_workers(lanes: dict[str, dict[str, Any]]) -> str:
+    from email_platform.store.metrics_queries import WORKER_STALE_S
+
+    alive = {lane: info["workers_alive"] for lane, info in lanes.items() if info["workers_alive"]}
+    if not alive:
+        return (
+            f"workers  none alive (no lane-worker run beat in the last {WORKER_STALE_S:.0f}s; "
+            "a lane with workers: 0 sends in batch runs instead)"
+        )
+    shown = " ".join(f"{lane}={n}" for lane, n in alive.items())
+    return (
+        f"workers  {shown} lane-worker run(s) alive (heartbeat in the last {WORKER_STALE_S:.0f}s)"
+    )
 
 
 @main.command()
@@ -117,35 +145,104 @@ def trace(
     if as_json:
         _print_json(chain)
         return
+    _echo_trace(chain)
+
+
+def _echo_trace(chain: dict[str, Any]) -> None:
+    """The chain as text: the event, each message with its attempts (when, how long) and the
+    provider's events for it (delivered, opened, clicked, ...), dead letters, the funnel row."""
     event = chain["event"]
     click.echo(
         f"event {event['event_id']} {event['event_type']} v{event['event_version']} "
         f"lane={event['lane']} status={event['status']} ({event['resolution']})"
     )
-    click.echo(f"  published {event['published_at']}  claimed_by run {event['claimed_by']}")
+    click.echo(
+        f"  published {event['published_at']}  done {event.get('done_at') or '-'}  "
+        f"claimed_by run {event['claimed_by']}"
+    )
     request = _request_fields(event)
     if request:
         click.echo(f"  {request}")
+    provider_events = chain["provider_events"]
     for message in chain["messages"]:
+        accepted = [a for a in message["attempts"] if a["outcome"] == "accepted"]
+        # The message row keeps the accepted id; a replayed or older row may only have it on
+        # its accepted attempt.
+        provider_id = message["provider_message_id"] or next(
+            (a["provider_message_id"] for a in accepted if a["provider_message_id"]), None
+        )
         click.echo(
-            f"  message {message['message_id']} {message['route']} -> "
-            f"{message['status']} key={message['idempotency_key']} "
-            f"provider={message.get('provider')} provider_id={message['provider_message_id']}"
+            f"  message {message['message_id']} {message['route']} -> {message['status']} "
+            f"delivery={message.get('delivery_status') or '-'} "
+            f"provider={message.get('provider') or '-'} provider_id={provider_id or '-'} "
+            f"sent {message.get('sent_at') or '-'} key={message['idempotency_key']}"
         )
         for attempt in message["attempts"]:
             # A failover attempt's error names the provider that took it ("via ... (failover)").
             said = [attempt["provider_message_id"], attempt["error"]]
             via = f" provider={attempt['provider']}" if attempt.get("provider") else ""
             click.echo(
-                f"    attempt {attempt['attempt_no']} run {attempt['run_id']} "
-                f"{attempt['outcome']}{via} http={attempt['http_status']} "
+                f"    attempt {attempt['attempt_no']} at {attempt['started_at']} "
+                f"took {_took(attempt['started_at'], attempt['finished_at'])} "
+                f"run {attempt['run_id']} {attempt['outcome']}{via} http={attempt['http_status']} "
                 + " ".join(str(part) for part in said if part)
             )
+        for seen in provider_events:
+            if seen["message_id"] == message["message_id"]:
+                click.echo(f"    {_provider_event(seen)}")
+    known = {m["message_id"] for m in chain["messages"]}
+    for seen in provider_events:
+        if seen["message_id"] not in known:
+            click.echo(f"  {_provider_event(seen)}")
+    if not provider_events:
+        click.echo("  no provider events yet (delivered, opened, clicked arrive by webhook)")
     for letter in chain["dead_letters"]:
         click.echo(
             f"  dead letter {letter['dead_letter_id']} {letter['reason']} "
             f"{letter['status']}: {letter['last_error']}"
         )
+    _echo_funnel(chain["funnel"])
+
+
+def _took(started: str | None, finished: str | None) -> str:
+    from datetime import datetime
+
+    if not started or not finished:
+        return "-"
+    seconds = (datetime.fromisoformat(finished) - datetime.fromisoformat(started)).total_seconds()
+    return f"{seconds:.3f}s"
+
+
+def _provider_event(seen: dict[str, Any]) -> str:
+    """``delivered at ... (sandbox)``, with what the kind of event carries."""
+    line = f"{seen['event_type']} at {seen['occurred_at']} ({seen['provider']})"
+    if seen.get("bounce_type"):
+        line += f" bounce={seen['bounce_type']}"
+    if seen.get("reject_reason"):
+        line += f" reason={seen['reject_reason']}"
+    if seen["event_type"] == "opened" and seen.get("machine_open") is not None:
+        line += " machine open" if seen["machine_open"] else " human open"
+    if seen.get("click_url"):
+        url = seen["click_url"]
+        line += f" url={url if len(url) <= 80 else url[:77] + '...'}"
+    return line
+
+
+def _echo_funnel(funnel: list[dict[str, Any]] | None) -> None:
+    if funnel is None:
+        click.echo(
+            f"  funnel: no warehouse at {config.warehouse_path()} yet "
+            "(built by the analytics refresh)"
+        )
+        return
+    if not funnel:
+        click.echo("  funnel: no row for this event as of the warehouse's last refresh")
+    for row in funnel:
+        shown = " ".join(
+            f"{k}={v}" for k, v in row.items() if v is not None and k not in ("event_id",)
+        )
+        click.echo("  funnel (as of the warehouse's last refresh; _s fields in seconds):")
+        click.echo(textwrap.fill(shown, 100, initial_indent="    ", subsequent_indent="    "))
 
 
 def _trace_request(

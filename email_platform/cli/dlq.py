@@ -35,7 +35,7 @@ def _selection(
 
 
 _selectors = [
-    click.argument("ids", nargs=-1, type=int),
+    click.argument("ids", nargs=-1, type=int, metavar="[DEAD_LETTER_ID]..."),
     click.option("--reason", help="Only dead letters with this reason."),
     click.option("--lane", help="Only this lane."),
     click.option("--event", help="Only this event id."),
@@ -68,14 +68,19 @@ def dlq_list(
 ) -> None:
     """List dead letters, oldest first: the error, the attempts, and what the mail was.
 
-    Each shows its template (or event type), lane and recipient masked (j***@example.com):
-    addresses never appear, in the error text neither. 'past expiry' marks an open letter
-    whose message can no longer be sent; `retention purge` or `dlq replay` closes it.
+    Each shows its template (or event type), lane and recipient masked with a tag
+    (j***@example.com #5e0c1a): the same tag is the same address, different tags different
+    addresses, yet addresses never appear, in the error text neither. 'past expiry' marks an
+    open letter whose message can no longer be sent; `retention purge` or `dlq replay` closes
+    it.
     """
     from email_platform.common.timeutil import utcnow
     from email_platform.store import dead_letters
 
-    with _engine(url).connect() as connection:
+    engine = _engine(url)
+    with engine.begin() as connection:  # begin: the first listing makes the tag key
+        key = dead_letters.tag_key(connection, utcnow())
+    with engine.connect() as connection:
         rows = dead_letters.inbox(
             connection,
             status=None if status_ == "any" else status_,
@@ -84,7 +89,7 @@ def dlq_list(
             limit=limit,
         )
     now = utcnow()
-    letters = [dead_letters.summary(row, now) for row in rows]
+    letters = [dead_letters.summary(row, now, key) for row in rows]
     if as_json:
         _print_json(letters)
         return
@@ -125,8 +130,21 @@ def dlq_replay(
 ) -> None:
     """Send dead letters again with their original idempotency keys.
 
-    Nothing already accepted by the provider is sent twice; anything past its expiry becomes
-    'expired'. The dead letter is marked replayed when its message is sent.
+    DEAD_LETTER_IDs are dead-letter ids: the first column of `email-platform dlq list` (its
+    `dead_letter_id` in --json), not event or message ids; select by event with --event.
+
+    \b
+    Examples:
+      email-platform dlq list
+      email-platform dlq replay 12 15           # dead letters 12 and 15
+      email-platform dlq replay --reason retries_exhausted --lane bulk
+      email-platform dlq replay --all --inline  # send now, without a daemon
+
+    Without --inline the events go back to the outbox and the lane sensors send them on a
+    daemon's next tick: with no daemon running (`dagster dev` or `dagster-daemon run` on the
+    same DAGSTER_HOME) nothing is sent, and the command warns. Nothing already accepted by the
+    provider is sent twice; anything past its expiry becomes 'expired'. The dead letter is
+    marked replayed when its message is sent.
     """
     from email_platform.operating.admin import requeue_dead_letters
     from email_platform.operating.retention import expire_dead_letters
@@ -160,7 +178,32 @@ def dlq_replay(
         if not all(success for _, success in results):
             sys.exit(1)
     else:
-        click.echo("the lane sensors will send them on their next tick (daemon must be running)")
+        _say_who_sends()
+
+
+def _say_who_sends() -> None:
+    """Requeued events wait for a daemon to tick the lane sensors: say whether one does."""
+    from email_platform.cli.instance import sensor_daemon
+
+    daemon = sensor_daemon()
+    if daemon["alive"]:
+        click.echo(
+            "the lane sensors will send them on their next tick (sensor daemon last beat "
+            f"{daemon['last_heartbeat_age_s']:.0f}s ago)"
+        )
+        return
+    where = daemon["instance"] or "DAGSTER_HOME (no dagster.yaml there)"
+    seen = (
+        "could not be read"
+        if daemon["instance"] and daemon["alive"] is None
+        else "shows no live sensor daemon"
+    )
+    click.echo(
+        f"WARNING: {where} {seen}: nothing sends these until a daemon ticks the lane sensors "
+        "(`dagster dev` or `dagster-daemon run` on that DAGSTER_HOME); or replay them with "
+        "--inline to send now",
+        err=True,
+    )
 
 
 @dlq.command("discard")

@@ -122,29 +122,6 @@ def resume(lane: str, by: str | None, url: str | None) -> None:
 _STATE_KEYS = ("paused_by", "reason", "paused_at", "resumed_by", "resumed_at")
 
 
-def _stopped_sensors() -> set[str] | None:
-    """The lanes whose outbox sensor is stopped in the Dagster instance (in any code location),
-    or None when there is no instance to ask."""
-    from dagster import DagsterInstance
-
-    from email_platform.common import config
-    from email_platform.ops.lane_worker import stopped_lane_sensors
-
-    home = config.dagster_home()
-    if not (home / "dagster.yaml").exists():
-        return None
-    try:
-        with DagsterInstance.from_config(str(home)) as instance:
-            return stopped_lane_sensors(instance)
-    except Exception as exc:  # Dagster's storage down: the pause table still answers
-        click.echo(
-            f"could not read the Dagster instance at {home} ({type(exc).__name__}); "
-            "sensors stopped in the UI are not shown",
-            err=True,
-        )
-        return None
-
-
 def _state(row: Row | None, sensor_stopped: bool | None) -> dict[str, Any]:
     stopped = {"sensor_stopped": sensor_stopped}
     if row is None:
@@ -168,21 +145,35 @@ def _state(row: Row | None, sensor_stopped: bool | None) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @_URL_OPTION
 def status(as_json: bool, url: str | None) -> None:
-    """Each lane: paused (by whom, why, since when) or running, and its last resume.
+    """Each lane: paused (by whom, why, since when) or not paused, and its last resume; apart
+    from that, whether anything is sending: its live lane-worker runs and the sensor daemon.
 
-    Reads the pause table, and the Dagster instance (``DAGSTER_HOME``) for lanes whose outbox
-    sensor is stopped in the UI: those are paused too (``sensor_stopped``; null in JSON when
-    there is no instance to ask).
+    "not paused" is not "sending": with no daemon ticking the sensors (and no live worker),
+    nothing sends. Reads the pause table, the workers' heartbeats, and the Dagster instance
+    (``DAGSTER_HOME``) for the daemon's heartbeat and lanes whose outbox sensor is stopped in
+    the UI: those are paused too (``sensor_stopped``; null in JSON when there is no instance
+    to ask).
     """
+    from datetime import timedelta
+
+    from email_platform.cli.instance import describe_daemon, sensor_daemon, stopped_sensors
+    from email_platform.store import metrics_queries
+
+    now = utcnow()
     with _engine(url).connect() as connection:
         rows = lane_pauses.all_rows(connection)
-    stopped = _stopped_sensors()
+        workers = metrics_queries.live_lane_workers(
+            connection, now - timedelta(seconds=metrics_queries.WORKER_STALE_S)
+        )
+    stopped = stopped_sensors()
+    daemon = sensor_daemon()
     report = {
         lane.value: _state(rows.get(lane.value), None if stopped is None else lane.value in stopped)
+        | {"workers_alive": workers.get(lane.value, 0)}
         for lane in LANES
     }
     if as_json:
-        click.echo(json.dumps({"lanes": report}, indent=2, sort_keys=True))
+        click.echo(json.dumps({"lanes": report, "daemon": daemon}, indent=2, sort_keys=True))
         return
     for lane in LANES:
         row = rows.get(lane.value)
@@ -197,10 +188,12 @@ def status(as_json: bool, url: str | None) -> None:
                 "start it in the UI (Sensors) to resume"
             )
         else:
-            line = "running"
+            line = "not paused"
             if row is not None:
                 line += (
                     f" (resumed by {row.resumed_by} at {isoformat(row.resumed_at)} after a "
                     f"pause by {row.paused_by})"
                 )
-        click.echo(f"lane {lane.value:<13} {line}")
+        alive = workers.get(lane.value, 0)
+        click.echo(f"lane {lane.value:<13} {line}; workers alive: {alive or 'none'}")
+    click.echo(describe_daemon(daemon))

@@ -51,9 +51,9 @@ PREFIX = "email_platform_"
 #: Publish-to-accepted buckets, in seconds (the +Inf bucket is added).
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0)
 LATENCY_WINDOW_S = 900.0
-#: A worker whose last heartbeat is older than this is not counted alive (the lane sensors use
-#: the same 60 s before they call a worker dead).
-WORKER_STALE_S = 60.0
+#: A worker whose last heartbeat is older than this is not counted alive (one definition, with
+#: ``email-platform status``).
+WORKER_STALE_S = metrics_queries.WORKER_STALE_S
 #: Rows of an append-only table older than this are counted once and kept: no transaction that
 #: writes attempts or dead letters stays open this long.
 SETTLE_S = 300.0

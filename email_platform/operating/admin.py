@@ -20,6 +20,7 @@ from email_platform.store import (
     email_events,
     lane_pauses,
     messages,
+    metrics_queries,
     outbox,
 )
 
@@ -30,27 +31,43 @@ LATENCY_PERCENTILES = (50, 95, 99)
 def status(
     engine: Engine, now: datetime | None = None, *, latency_minutes: int = 15
 ) -> dict[str, Any]:
-    """The ``email-platform status --json`` object (docs/design.md, docs/metrics.md)."""
+    """The ``email-platform status --json`` object (docs/operating.md, docs/metrics.md).
+
+    A lane's ``depth`` and ``oldest_age_s`` are its due work only, as ``/metrics`` counts it
+    (one query, ``metrics_queries.lane_queues``): an event whose ``send_after`` is ahead is
+    ``scheduled``, not backlog.
+    """
     now = now or utcnow()
     since = now - timedelta(minutes=latency_minutes)
+    lane_names = [lane.value for lane in LANES]
     with engine.connect() as connection:
         events = outbox.counts_by_status(connection)
         message_counts = messages.counts_by_status(connection)
-        backlog = outbox.lane_backlog(connection)
+        queues = metrics_queries.lane_queues(connection, lane_names, now)
+        workers = metrics_queries.live_lane_workers(
+            connection, now - timedelta(seconds=metrics_queries.WORKER_STALE_S)
+        )
         by_reason = dead_letters.open_by_reason(connection)
         latency = messages.accepted_latency_percentiles(connection, since, LATENCY_PERCENTILES)
         not_closed = circuits.not_closed(connection, now)
         pauses = lane_pauses.all_rows(connection)
     lanes: dict[str, dict[str, Any]] = {}
-    for lane in LANES:
-        depth, oldest = backlog.get(lane.value, (0, None))
-        oldest_utc = as_utc(oldest)
-        pause = pauses.get(lane.value)
-        lanes[lane.value] = {
-            "depth": depth,
-            "oldest_age_s": round((now - oldest_utc).total_seconds(), 3) if oldest_utc else None,
+    for lane in lane_names:
+        queue = queues.get(lane, metrics_queries.LaneQueue())
+        oldest = as_utc(queue.oldest_due_at)
+        pause = pauses.get(lane)
+        lanes[lane] = {
+            "depth": queue.due,
+            # Seconds the oldest due event has waited since it became due (its send_after, or
+            # its publish): what a slow lane makes a reader wait.
+            "oldest_age_s": round(max(0.0, (now - oldest).total_seconds()), 3) if oldest else None,
+            "scheduled": queue.scheduled,
+            "in_flight": queue.in_flight,
+            # Lane-worker runs not ended whose heartbeat is recent: 0 with workers: 0 (batch
+            # runs) or when nothing runs them.
+            "workers_alive": workers.get(lane, 0),
             # Who paused the lane (an operator, or ``brake:...``), why and since when; null
-            # while it runs. A sensor stopped in the UI shows in ``lanes status``.
+            # while it is not paused. A sensor stopped in the UI shows in ``lanes status``.
             "paused": None
             if pause is None or pause.resumed_at is not None
             else {

@@ -4,6 +4,8 @@ Also how the ``dlq list`` inbox shows a letter (``summary``): with the message a
 names, and never an address.
 """
 
+import hashlib
+import hmac
 import re
 from collections.abc import Sequence
 from datetime import datetime
@@ -298,21 +300,45 @@ def inbox(
     return list(connection.execute(query).all())
 
 
-def mask_address(address: Any) -> str | None:
-    """``jane@example.com`` -> ``j***@example.com``: enough to tell letters apart, never the
-    address. Anything that is not one (no ``@``) is ``***``."""
+def mask_address(address: Any, tag_key: bytes | None = None) -> str | None:
+    """``jane@example.com`` -> ``j***@example.com``: never the address. Anything that is not
+    one (no ``@``) is ``***``.
+
+    With ``tag_key``, a short keyed hash of the whole address follows (``j***@example.com
+    #5e0c1a``): ``jane@`` and ``jim@`` then read apart, the same address reads the same in every
+    letter, and without the database's key no guessed address can be checked against it.
+    """
     if not isinstance(address, str) or not address.strip():
         return None
     local, at, domain = address.strip().rpartition("@")
     domain = _one_line(domain.lower(), 255)
     if not at or not local or not domain:
-        return "***"
-    first = local[0] if local[0].isascii() and local[0].isalnum() else "*"
-    return f"{first}***@{domain}"
+        masked = "***"
+    else:
+        first = local[0] if local[0].isascii() and local[0].isalnum() else "*"
+        masked = f"{first}***@{domain}"
+    if tag_key is None:
+        return masked
+    return f"{masked} #{recipient_tag(address, tag_key)}"
 
 
-def summary(row: Row, now: datetime) -> dict[str, Any]:
-    """One letter of ``inbox`` as the listing shows it: no address in any field."""
+def recipient_tag(address: str, tag_key: bytes) -> str:
+    """Six hex digits of HMAC-SHA256 over the trimmed, lowercased address."""
+    normal = address.strip().lower().encode("utf-8", "surrogatepass")
+    return hmac.new(tag_key, normal, hashlib.sha256).hexdigest()[:6]
+
+
+def tag_key(connection: Connection, now: datetime) -> bytes:
+    """The database's key of recipient tags (made on first use, so the tags stay the same from
+    one listing to the next)."""
+    from email_platform.store import privacy_keys
+
+    return privacy_keys.ensure(connection, privacy_keys.RECIPIENT_TAG, now)
+
+
+def summary(row: Row, now: datetime, tag_key: bytes | None = None) -> dict[str, Any]:
+    """One letter of ``inbox`` as the listing shows it: no address in any field (the recipient
+    masked, with its tag when ``tag_key`` is given)."""
     from email_platform.common.timeutil import as_utc, isoformat
     from email_platform.observability.redaction import loggable
 
@@ -338,7 +364,7 @@ def summary(row: Row, now: datetime) -> dict[str, Any]:
         "resolved_at": isoformat(row.resolved_at),
         "template": _one_line(row.template, 100) if row.template else None,
         "event_type": event_type,
-        "recipient": mask_address(recipient),
+        "recipient": mask_address(recipient, tag_key),
         "expires_at": isoformat(expires_at),
         "past_expiry": bool(row.status == OPEN and expires_at is not None and expires_at <= now),
     }

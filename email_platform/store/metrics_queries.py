@@ -14,6 +14,9 @@ from email_platform.db.schema import dead_letters, email_attempts, email_outbox,
 
 PENDING, IN_FLIGHT = "pending", "in_flight"
 OPEN = "open"
+#: A worker whose last heartbeat is older than this is not counted alive (the lane sensors use
+#: the same 60 s before they call a worker dead); /metrics and ``status`` both read it.
+WORKER_STALE_S = 60.0
 
 
 @dataclass(frozen=True)

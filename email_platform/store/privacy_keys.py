@@ -10,6 +10,9 @@ from email_platform.db.schema import privacy_keys
 
 #: The key of the suppression hashes that outlive an erasure.
 SUPPRESSION = "suppression"
+#: The key of the short tags ``dlq list`` puts beside a masked recipient, so two addresses that
+#: mask alike stay apart; its own key, so a tag links to no suppression hash.
+RECIPIENT_TAG = "recipient_tag"
 
 
 def get(connection: Connection, name: str) -> bytes | None:

@@ -34,7 +34,14 @@ def test_status_json_has_the_documented_shape_and_counts(engine, database_url, s
     assert set(report["lanes"]) == {"critical", "transactional", "bulk"}
     assert report["lanes"]["transactional"]["depth"] == 1
     assert report["lanes"]["transactional"]["oldest_age_s"] >= 0
-    assert report["lanes"]["bulk"] == {"depth": 0, "oldest_age_s": None, "paused": None}
+    assert report["lanes"]["bulk"] == {
+        "depth": 0,
+        "oldest_age_s": None,
+        "scheduled": 0,
+        "in_flight": 0,
+        "workers_alive": 0,
+        "paused": None,
+    }
     assert report["dead_letters"] == {"open": 1, "by_reason": {"provider_rejected": 1}}
 
 

@@ -65,7 +65,7 @@ def test_pause_resume_and_status_from_the_command_line(database_url):
     assert state["critical"]["paused"] is False and state["transactional"]["paused"] is False
     text = _lanes(database_url, "status")
     assert "lane bulk          PAUSED by alice since " in text.output
-    assert "lane critical      running" in text.output
+    assert "lane critical      not paused; workers alive: none" in text.output
     # The main status says it too, beside the lane's depth.
     overall = CliRunner().invoke(main, ["status", "--json", "--url", database_url])
     lanes_now = json.loads(overall.output)["lanes"]
@@ -396,4 +396,4 @@ def test_lanes_status_shows_a_lane_whose_sensor_was_stopped_in_the_ui(
     )
     text = _lanes(database_url, "status").output
     assert "lane bulk          PAUSED: its outbox sensor (bulk_outbox_sensor) is stopped" in text
-    assert "lane critical      running" in text
+    assert "lane critical      not paused" in text

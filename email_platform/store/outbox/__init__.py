@@ -42,7 +42,6 @@ from email_platform.store.outbox.reads import (
     counts_by_status,
     counts_for,
     events_by_trace,
-    lane_backlog,
     lanes_of,
     trace_fields,
 )
@@ -87,7 +86,6 @@ __all__ = [
     "ids_for_aggregate",
     "insert_event",
     "insert_events",
-    "lane_backlog",
     "lanes_of",
     "make_requestable",
     "mark_requested",

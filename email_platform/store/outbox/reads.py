@@ -1,7 +1,6 @@
 """What operators and the admin read from ``email_outbox``: counts, backlogs, traces."""
 
 from collections.abc import Sequence
-from datetime import datetime
 
 from sqlalchemy import Connection, Row, func, select
 
@@ -9,8 +8,6 @@ from email_platform.db.schema import email_outbox as outbox
 from email_platform.store.bulk import one_of
 from email_platform.store.outbox.states import (
     EVENT_STATUSES,
-    IN_FLIGHT,
-    PENDING,
     chunks,
 )
 
@@ -91,13 +88,3 @@ def counts_by_status(connection: Connection) -> dict[str, int]:
     counts = dict.fromkeys(EVENT_STATUSES, 0)
     counts.update({status: n for status, n in rows})
     return counts
-
-
-def lane_backlog(connection: Connection) -> dict[str, tuple[int, datetime | None]]:
-    """Per lane: events not yet done (pending or in flight) and the oldest one's publish time."""
-    rows = connection.execute(
-        select(outbox.c.lane, func.count(), func.min(outbox.c.published_at))
-        .where(outbox.c.status.in_([PENDING, IN_FLIGHT]))
-        .group_by(outbox.c.lane)
-    ).all()
-    return {lane: (n, oldest) for lane, n, oldest in rows}
