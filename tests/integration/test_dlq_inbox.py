@@ -271,4 +271,4 @@ def test_list_marks_an_open_letter_past_its_expiry(engine, database_url, sandbox
     assert "(past expiry)" in _dlq("list", "--url", database_url)
     (shown,) = json.loads(_dlq("list", "--json", "--url", database_url))
     assert shown["past_expiry"] is True and shown["template"] == "weekly_digest"
-    assert shown["recipient"] == "t***@example.org"
+    assert shown["recipient"].split(" #")[0] == "t***@example.org"
