@@ -7,18 +7,31 @@ warehouse. Before, Gmail's proxy agent was on the prefetcher list: every Gmail o
 machine's and a Gmail reader's open rate read as zero.
 """
 
+import dataclasses
 import json
 from typing import Any
 
+from click.testing import CliRunner
 from dagster import materialize
 from sqlalchemy import Engine
 
 from email_platform import warehouse
 from email_platform.assets import analytics_warehouse
+from email_platform.cli import main
 from email_platform.resources import AppDatabase, Warehouse
+from email_platform.webhooks import registry
+from email_platform.webhooks.ingest import WebhookIngestor
 from tests.paths import WEBHOOK_FIXTURES
 from tests.webhook_signers import MAILGUN, POSTMARK, SENDGRID
-from tests.webhook_support import Signer, event_rows, ingest, post, receiver, seed_sent_message
+from tests.webhook_support import (
+    Signer,
+    event_rows,
+    inbox_rows,
+    ingest,
+    post,
+    receiver,
+    seed_sent_message,
+)
 
 SAMPLES = WEBHOOK_FIXTURES.parent / "provider_samples"
 GMAIL = "Mozilla/5.0 (Windows NT 5.1; rv:11.0) Gecko Firefox/11.0 (via ggpht.com GoogleImageProxy)"
@@ -144,3 +157,35 @@ def test_a_gmail_open_counts_in_the_open_rate(engine: Engine, database_url: str,
     rates = warehouse.template_rates(path)
     assert rates.rate("open_rate", "welcome") == 1 / 3
     assert rates.rate("machine_open_rate", "welcome") == 2 / 3
+
+
+def test_reprocess_rejudges_gmail_opens_stored_under_the_old_rule(
+    engine: Engine, database_url: str
+) -> None:
+    """Opens ingested when Gmail's proxy counted as a machine become people's opens after
+    ``webhooks reprocess --since`` and the next ingestion."""
+    current = registry.get("postmark")
+
+    def old_rule(body: bytes) -> list[Any]:
+        return [
+            dataclasses.replace(e, machine_open=True) if e.event_type == "opened" else e
+            for e in current.normalize(body)
+        ]
+
+    old = {"postmark": dataclasses.replace(current, normalize=old_rule)}
+    client = receiver(engine, POSTMARK)
+    payload = _postmark("open", "gmail@example.com", "pm-1", UserAgent=GMAIL)
+    assert post(client, POSTMARK, POSTMARK.sign(json.dumps(payload).encode())).status_code < 300
+    ids = [row.inbox_id for row in inbox_rows(engine)]
+    WebhookIngestor(engine, providers=old).run(ids, run_id="old-rule")
+    assert _opens(engine) == {"gmail@example.com": True}
+
+    result = CliRunner().invoke(
+        main,
+        ["webhooks", "reprocess", "--since", "2020-01-01"],
+        env={"EMAIL_PLATFORM_DATABASE_URL": database_url},
+    )
+    assert result.exit_code == 0, result.output
+    assert _opens(engine) == {}  # dropped; the inbox sensor's next run rebuilds them
+    ingest(engine, POSTMARK)
+    assert _opens(engine) == {"gmail@example.com": False}
