@@ -138,19 +138,17 @@ def webhooks_serve(host: str, port: int, workers: int, url: str | None) -> None:
 @click.option("--since", type=click.DateTime(), help="Only webhooks received since (UTC).")
 @click.option("--url", help="SQLAlchemy URL of the application database.")
 def webhooks_reprocess(since, url: str | None) -> None:  # type: ignore[no-untyped-def]
-    """Normalize stored webhooks again (after a mapping fix); applying stays idempotent."""
+    """Normalize stored webhooks again (after a mapping fix): their suppressions become what
+    the current mapping implies, and they are queued for ingestion."""
     from datetime import UTC
 
-    from email_platform.store import email_events, inbox
+    from email_platform.webhooks.reprocess import reprocess
 
-    with _engine(url).begin() as connection:
-        ids = inbox.reprocessable_ids(
-            connection, since=since.replace(tzinfo=UTC) if since is not None else None
-        )
-        # The events they produced are rebuilt from the raw bodies by the next ingestion.
-        email_events.delete_for_inbox_rows(connection, ids)
-        count = inbox.requeue(connection, ids)
-    click.echo(f"{count} stored webhook(s) queued for the webhook inbox sensor")
+    outcome = reprocess(_engine(url), since=since.replace(tzinfo=UTC) if since else None)
+    click.echo(
+        f"{outcome.queued} stored webhook(s) queued for the webhook inbox sensor; suppressions: "
+        f"{outcome.withdrawn} withdrawn, {outcome.changed} changed, {outcome.added} added"
+    )
 
 
 @click.group()

@@ -65,6 +65,28 @@ def types_for_message(connection: Connection, message_id: int) -> list[str]:
     )
 
 
+def for_inbox_rows(connection: Connection, inbox_ids: Sequence[int]) -> list[Row]:
+    """The events these stored webhooks produced (``webhooks reprocess`` reads them first)."""
+    return rows_in(connection, email_events, "inbox_id", inbox_ids)
+
+
+def suppressing_for(connection: Connection, addresses: Sequence[str]) -> list[Row]:
+    """Events to one of ``addresses`` (normalized) of a type that can suppress (a scan: only
+    ``webhooks reprocess`` asks)."""
+    wanted = sorted(set(addresses))
+    found: list[Row] = []
+    for start in range(0, len(wanted), 500):
+        found.extend(
+            connection.execute(
+                select(email_events).where(
+                    func.lower(email_events.c.recipient).in_(wanted[start : start + 500]),
+                    email_events.c.event_type.in_(["bounced", "complained", "unsubscribed"]),
+                )
+            ).all()
+        )
+    return found
+
+
 def delete_for_inbox_rows(connection: Connection, inbox_ids: list[int]) -> int:
     """Forget what these stored webhooks produced, so they can be normalized afresh."""
     return connection.execute(

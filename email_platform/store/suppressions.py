@@ -3,6 +3,11 @@
 An erased person's row is kept as ``hmac:`` + HMAC-SHA256 of the normalized address under the
 ``suppression`` key of ``privacy_keys``: the address cannot be read back from it, yet every
 check of that address still finds it, so erasing someone never makes them mailable again.
+
+A webhook's stronger reason replaces a suppression made elsewhere (a one-click unsubscribe, the
+demo's) in one row, so that origin is kept in ``source`` (``webhook:x; was unsubscribe from
+unsubscribe:digest``): re-normalizing webhooks (``webhooks reprocess``) withdraws what a wrong
+mapping wrote and falls back to it. Webhooks' own reasons need no such note: their events say.
 """
 
 import hashlib
@@ -10,7 +15,7 @@ import hmac
 from collections.abc import Iterable
 from datetime import datetime
 
-from sqlalchemy import Connection, delete, insert, select, update
+from sqlalchemy import Connection, Row, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from email_platform.db.schema import suppressions
@@ -23,6 +28,9 @@ ERASED = "erased"
 # The strongest reason is kept, so the result does not depend on which event came first.
 STRENGTH = {UNSUBSCRIBE: 1, HARD_BOUNCE: 2, COMPLAINT: 3, MANUAL: 4, ERASED: 5}
 HASH_PREFIX = "hmac:"
+#: ``source`` of a suppression a provider's webhook asked for: this prefix and the provider.
+WEBHOOK = "webhook:"
+_WAS, _FROM = "; was ", " from "
 
 
 def normalize(address: str) -> str:
@@ -82,13 +90,92 @@ def _strengthen(
     connection: Connection, key: str, *, reason: str, source: str, event_id: str | None
 ) -> None:
     strength = STRENGTH.get(reason, 0)
-    if strength > 0:
-        as_strong = [name for name, value in STRENGTH.items() if value >= strength]
-        connection.execute(
+    if strength <= 0:
+        return
+    as_strong = [name for name, value in STRENGTH.items() if value >= strength]
+    for _ in range(5):  # another writer changed the row between read and write: read again
+        current = connection.execute(
+            select(suppressions.c.reason, suppressions.c.source).where(
+                suppressions.c.address == key
+            )
+        ).first()
+        if current is None or current.reason in as_strong:
+            return
+        changed = connection.execute(
             update(suppressions)
-            .where(suppressions.c.address == key, suppressions.c.reason.not_in(as_strong))
-            .values(reason=reason, source=source, event_id=event_id)
+            .where(
+                suppressions.c.address == key,
+                suppressions.c.reason == current.reason,
+                suppressions.c.source == current.source,
+            )
+            .values(
+                reason=reason,
+                source=with_origin(source, origin_of(current.reason, current.source)),
+                event_id=event_id,
+            )
+        ).rowcount
+        if changed:
+            return
+
+
+def top_source(source: str) -> str:
+    """Who wrote the row's reason (``source`` without the origin it replaced)."""
+    return source.split(_WAS, 1)[0]
+
+
+def origin_of(reason: str, source: str) -> tuple[str, str] | None:
+    """The suppression made outside webhooks that a row holds, if any, as (reason, source):
+    the row itself when no webhook wrote it, else the one its webhook replaced."""
+    if not source.startswith(WEBHOOK):
+        return reason, source
+    if _WAS not in source:
+        return None
+    kept_reason, _, kept_source = source.split(_WAS, 1)[1].partition(_FROM)
+    return (kept_reason, kept_source) if kept_reason in STRENGTH and kept_source else None
+
+
+def with_origin(source: str, origin: tuple[str, str] | None) -> str:
+    """``source``, noting the non-webhook suppression it replaces (cut to the column)."""
+    if origin is not None and source.startswith(WEBHOOK):
+        source = f"{source}{_WAS}{origin[0]}{_FROM}{origin[1]}"
+    return source[: suppressions.c.source.type.length]
+
+
+def replace(
+    connection: Connection,
+    address: str,
+    *,
+    reason: str | None,
+    source: str,
+    event_id: str | None,
+) -> None:
+    """Set ``address``'s plain row to exactly this reason (weaker too), or delete it (None):
+    for re-normalization, which may find the old mapping asked for too much."""
+    key = normalize(address)
+    if reason is None:
+        connection.execute(delete(suppressions).where(suppressions.c.address == key))
+        return
+    connection.execute(
+        update(suppressions)
+        .where(suppressions.c.address == key)
+        .values(
+            reason=reason, source=source[: suppressions.c.source.type.length], event_id=event_id
         )
+    )
+
+
+def plain_rows(connection: Connection, addresses: Iterable[str]) -> dict[str, Row]:
+    """The plain (not hashed) rows of these addresses, by normalized address."""
+    keys = sorted({normalize(a) for a in addresses})
+    found: dict[str, Row] = {}
+    for start in range(0, len(keys), 500):
+        rows = connection.execute(
+            select(suppressions).where(
+                one_of(connection, suppressions.c.address, keys[start : start + 500])
+            )
+        ).all()
+        found.update({row.address: row for row in rows})
+    return found
 
 
 def reasons_for(connection: Connection, addresses: Iterable[str]) -> dict[str, str]:

@@ -10,7 +10,7 @@ import hashlib
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Engine
 
@@ -227,17 +227,45 @@ class WebhookIngestor:
                 messages.set_delivery_status(connection, message.message_id, state, now)
             if self._traced:
                 self._record_span(connection, event, message, started_ns)
-        reason = event.suppression_reason
-        if (
-            reason
-            and recipient
-            and suppressions.add(
-                connection,
-                recipient,
-                reason=reason,
-                source=f"webhook:{event.provider}",
-                now=now,
-                event_id=event_id,
-            )
+        wanted = implied_suppression(event, recipient)
+        if wanted is not None and suppressions.add(
+            connection,
+            wanted.address,
+            reason=wanted.reason,
+            source=wanted.source,
+            now=now,
+            event_id=wanted.event_id,
         ):
             outcome.suppressed += 1
+
+
+class Suppression(NamedTuple):
+    address: str
+    reason: str
+    source: str
+    event_id: str | None
+
+
+def implied_suppression(event: NormalizedEvent, recipient: str | None) -> Suppression | None:
+    """The suppression ``event`` asks for, given the recipient it was applied to; None if it
+    asks for none. Ingestion and ``webhooks reprocess`` both ask here, so a re-normalization
+    suppresses exactly as ingestion does."""
+    reason = event.suppression_reason
+    if not reason or not recipient:
+        return None
+    source = f"{suppressions.WEBHOOK}{event.provider}"
+    return Suppression(recipient, reason, source, _fitting("event_id", event.event_id))
+
+
+def recipient_of(connection: Any, event: NormalizedEvent) -> str | None:
+    """The address ``event`` is about: its own, else its message's (as ``_apply`` links it)."""
+    recipient = _fitting("recipient", event.recipient)
+    if recipient is not None:
+        return recipient
+    message = messages.find_for_provider_event(
+        connection,
+        idempotency_key=_fitting("idempotency_key", event.idempotency_key),
+        event_id=_fitting("event_id", event.event_id),
+        provider_message_id=_fitting("provider_message_id", event.provider_message_id),
+    )
+    return message.recipient if message is not None else None

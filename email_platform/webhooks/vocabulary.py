@@ -80,9 +80,14 @@ class NormalizedEvent:
     def suppression_reason(self) -> str | None:
         if self.suppression is not None:
             return self.suppression
-        if self.event_type == "bounced":
-            return "hard_bounce" if self.bounce_type == "hard" else None
-        return SUPPRESSING.get(self.event_type)
+        return suppression_for(self.event_type, self.bounce_type)
+
+
+def suppression_for(event_type: str, bounce_type: str | None) -> str | None:
+    """The suppression an event of this type asks for, when its provider named none."""
+    if event_type == "bounced":
+        return "hard_bounce" if bounce_type == "hard" else None
+    return SUPPRESSING.get(event_type)
 
 
 def combine(current: str | None, new: str) -> str:
