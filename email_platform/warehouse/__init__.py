@@ -62,6 +62,7 @@ from email_platform.warehouse.rates import (
 from email_platform.warehouse.refreshing import DEFAULT_LOOKBACK_S, refresh
 from email_platform.warehouse.report import (
     FunnelReport,
+    analytics_dir,
     funnel_chart_svg,
     funnel_md,
     funnel_report,
@@ -111,6 +112,7 @@ __all__ = [
     "Source",
     "SourceUnavailableError",
     "Thresholds",
+    "analytics_dir",
     "check_daily_rate",
     "check_no_negative_latencies",
     "check_one_row_per_message",

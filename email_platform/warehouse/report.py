@@ -10,6 +10,7 @@ the chart on ``email_funnel_daily``; ``run_question`` answers one analyst questi
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -26,6 +27,13 @@ from email_platform.warehouse.rates import (
 
 if TYPE_CHECKING:  # pandas costs 0.2 s to import, and every launched run imports this module
     import pandas as pd
+
+
+def analytics_dir() -> Path:
+    """Where the SQL files are, as a real path that works in both layouts: ``analytics/`` in a
+    checkout (the package's ``sql`` symlink resolved), the installed package's copies
+    (``email_platform/warehouse/sql``) otherwise. Its ``questions/`` holds one file each."""
+    return Path(os.path.realpath(str(sql_file())))
 
 
 def question_names() -> list[str]:
