@@ -274,14 +274,13 @@ def plotted_rates(rates: FunnelRates) -> dict[str, float]:
         rates.templates, key=lambda row: (-(row["messages"] or 0), str(row["template"]))
     )[:_MAX_PLOTTED_TEMPLATES]
     entries: list[tuple[str, float]] = []
-    for group, (per_template, names) in enumerate(_PLOT_GROUPS, start=1):
-        rows = templates if per_template else [{**rates.overall, "template": None}]
+    for per_template, names in _PLOT_GROUPS:
+        rows = templates if per_template else [rates.overall]
         for name in names:
             for row in rows:
                 if row[name] is not None:
-                    label = (
-                        f"{group} {name.replace('_', ' ')}, {row['template']}, {rates.suffix} (%)"
-                    )
+                    template = str(row["template"]) if per_template else None
+                    label = plot_label(name, template, rates.suffix)
                     entries.append((label, round(100 * row[name], 2)))
     return dict(sorted(entries))
 

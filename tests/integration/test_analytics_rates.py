@@ -7,13 +7,17 @@ Uses the hand-checked fixture of ``test_analytics`` (every message on 2026-03-02
 import inspect
 import math
 import re
+import subprocess
 from datetime import date
+from pathlib import Path
 
 import duckdb
 import pytest
+from dagster import FloatMetadataValue, IntMetadataValue, MarkdownMetadataValue
 
 from email_platform import warehouse
 from email_platform.assets import analytics
+from email_platform.local import demo
 from email_platform.warehouse import checks, refreshing, report
 from tests.integration.test_analytics import loaded  # noqa: F401 (the fixture, by name)
 
@@ -151,9 +155,15 @@ def test_template_rates_over_the_window_agree_with_the_question_and_the_report(l
     assert welcome_answer["open_rate"] == entries["welcome_open_rate_7d"] == 0.4
     assert welcome_answer["machine_open_rate"] == entries["welcome_machine_open_rate_7d"] == 0.1
 
+    # What the UI plots: the same rates, in percent.
+    plotted = warehouse.plotted_rates(rates)
+    assert plotted["2 open rate, welcome, 7d (%)"] == 100 * welcome_answer["open_rate"] == 40.0
+    assert plotted["1 open rate, all, 7d (%)"] == round(100 * 5 / 12, 2) == 41.67
+
     report = warehouse.funnel_report(path)
     assert report.welcome_open_rate == 0.4 and report.rows == rates.templates
     assert "Welcome email human open rate: 40.0% (last 7 days;" in report.to_text()
+    assert '"2 open rate, welcome, 7d (%)" on email_funnel_daily' in report.to_text()
 
 
 def test_the_report_of_some_events_counts_them_as_the_daily_model_does(loaded):  # noqa: F811
@@ -197,3 +207,93 @@ def test_the_chart_labels_each_step_with_its_rate(loaded):  # noqa: F811
     assert table.splitlines()[-1] == (
         "| **all** | 5 | 3 | 3 | 2 | 1 | 1 | 100.0% | 66.7% | 33.3% | 33.3% | 33.3% | 33.3% |"
     )
+
+
+# What the Dagster UI (ui-core 1.13) does with asset metadata: lists the entries in the order
+# they were given, renders Markdown inline only under this many characters (else behind
+# "[Show Markdown]"), and plots numeric entries sorted by label as strings.
+UI_INLINE_MARKDOWN = 1000
+
+
+def test_the_funnel_and_the_open_rates_are_the_first_things_on_email_funnel_daily(loaded):  # noqa: F811
+    _, _, summary = loaded
+    metadata = analytics._metadata(warehouse.FUNNEL_DAILY, summary)
+    (first, *_) = metadata
+    assert first == "funnel" and isinstance(metadata["funnel"], MarkdownMetadataValue)
+    funnel = metadata["funnel"].value
+    assert len(funnel) < UI_INLINE_MARKDOWN  # shown inline, not behind "[Show Markdown]"
+    # Every message's steps with their rates in percent, then each template's, largest first.
+    assert "| opened | 2 | ██████▍ | 66.7% of delivered |" in funnel
+    assert "| clicked | 1 | ███▎ | 33.3% of delivered |" in funnel
+    lines = funnel.splitlines()
+    assert lines[lines.index("|---|---:|---:|---:|---:|") + 1] == (
+        "| welcome | 2 | 100.0% | 100.0% | 0.0% |"
+    )
+    # The rates right after it, and first in the plots; each in percent, not as a fraction.
+    numbers = (FloatMetadataValue, IntMetadataValue)
+    numeric = [key for key, value in metadata.items() if isinstance(value, numbers)]
+    assert list(metadata)[1] == "1 open rate, all, 7d (%)"
+    assert sorted(numeric)[:4] == [
+        "1 open rate, all, 7d (%)",
+        "2 open rate, receipt, 7d (%)",
+        "2 open rate, weekly_digest, 7d (%)",
+        "2 open rate, welcome, 7d (%)",
+    ]
+    assert metadata["2 open rate, welcome, 7d (%)"].value == 100.0
+    assert metadata["1 open rate, all, 7d (%)"].value == 66.67
+    assert metadata["3 complaint rate, all, 7d (%)"].value == 33.33
+    # Fewer entries than a plot per template x rate: open and click per template.
+    assert len(numeric) == 1 + 3 + 5 + 3 + 3  # + row count, days rebuilt and refresh_s
+    # The refresh's own numbers come last.
+    assert list(metadata)[-3:] == ["refresh_s", "full_build", "warehouse"]
+
+
+def test_the_funnel_stays_inline_however_many_templates():
+    rows = [
+        {
+            "template": f"a_rather_long_template_name_{i:02d}",
+            "messages": 1000 - i,
+            "open_rate": 0.3,
+            "click_rate": 0.05,
+            "bounce_rate": 0.001,
+        }
+        for i in range(40)
+    ]
+    overall = {
+        "messages": 40_000,
+        "accepted": 39_000,
+        "delivered": 38_000,
+        "human_opened": 12_000,
+        "clicked": 2_000,
+        "acceptance_rate": 0.975,
+        "delivery_rate": 38 / 39,
+        "open_rate": 12 / 38,
+        "click_rate": 2 / 38,
+    }
+    rates = warehouse.FunnelRates(7, date(2026, 2, 24), date(2026, 3, 2), overall, rows)
+    funnel = warehouse.funnel_md(rates)
+    assert len(funnel) < UI_INLINE_MARKDOWN
+    shown = [line for line in funnel.splitlines() if "a_rather_long" in line]
+    assert shown and shown[0].startswith("| a_rather_long_template_name_00 |")  # largest first
+    assert funnel.endswith(f"{40 - len(shown)} more templates in funnel_chart.")
+    assert "| 0.10% |" in shown[0]  # a bounce rate under 1 % keeps two decimals
+
+
+def test_rates_print_as_percentages():
+    assert warehouse.percent(1 / 3) == "33.3%"
+    assert warehouse.percent(0.0005) == "0.05%"  # not "0.0%" beside a 0.3 % complaint limit
+    assert warehouse.percent(0.0) == "0.0%" and warehouse.percent(1.0) == "100.0%"
+    assert warehouse.percent(None) == "-"
+
+
+def test_the_demo_prints_a_command_that_answers_the_welcome_question(loaded):  # noqa: F811
+    _, path, _ = loaded
+    hints = demo._query_hints(str(path))
+    (command,) = [line.strip() for line in hints if " < " in line]
+    # As printed, plus -csv: off a terminal duckdb's boxes elide the columns past 80 characters.
+    done = subprocess.run(f"{command} -csv", shell=True, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    header, answer = done.stdout.splitlines()
+    assert dict(zip(header.split(","), answer.split(","), strict=True))["open_rate"] == "1.0"
+    for line in hints[2:]:
+        assert Path(line.split(": ", 1)[1]).exists(), line
