@@ -297,3 +297,38 @@ def test_the_demo_prints_a_command_that_answers_the_welcome_question(loaded):  #
     assert dict(zip(header.split(","), answer.split(","), strict=True))["open_rate"] == "1.0"
     for line in hints[2:]:
         assert Path(line.split(": ", 1)[1]).exists(), line
+
+
+def test_every_raw_table_and_warehouse_state_column_is_documented(loaded):  # noqa: F811
+    """The README's section on what lies under the models names every raw_* table, each of its
+    columns and every column of warehouse_state, as a loaded warehouse file has them."""
+    _, path, _ = loaded
+    readme = (warehouse.analytics_dir() / "README.md").read_text()
+    section = readme.split("## Underneath the models:", 1)[1].split("\n## ", 1)[0]
+    rows = {
+        line.split("|")[1].strip().strip("`"): line
+        for line in section.splitlines()
+        if line.startswith("| `")
+    }
+    connection = warehouse.connect_read_only(path)
+    try:
+        tables = [
+            row[0]
+            for row in connection.execute("SHOW TABLES").fetchall()
+            if row[0].startswith("raw_") or row[0] == "warehouse_state"
+        ]
+        columns = {
+            table: [row[0] for row in connection.execute(f"DESCRIBE {table}").fetchall()]
+            for table in tables
+        }
+    finally:
+        connection.close()
+    assert len(tables) == 6
+    for table in tables:
+        if table == "warehouse_state":
+            for column in columns[table]:
+                assert f"| `{column}` |" in section, column
+            continue
+        assert table in rows, table
+        for column in columns[table]:
+            assert f"`{column}`" in rows[table], (table, column)
