@@ -416,6 +416,8 @@ def _query_hints(warehouse_path: str) -> list[str]:
         f"  {duckdb} < {shlex.quote(str(question))}",
         f"  questions: {sql / 'questions'}",
         f"  tables, columns and rates: {sql / 'README.md'}",
+        f"  or: {_command('email-platform')} analytics ask welcome_open_rate_last_7_days "
+        f"--warehouse {shlex.quote(warehouse_path)}",
     ]
 
 

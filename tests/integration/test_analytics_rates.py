@@ -5,18 +5,22 @@ Uses the hand-checked fixture of ``test_analytics`` (every message on 2026-03-02
 """
 
 import inspect
+import json
 import math
 import re
+import shlex
 import subprocess
 from datetime import date
 from pathlib import Path
 
 import duckdb
 import pytest
+from click.testing import CliRunner
 from dagster import FloatMetadataValue, IntMetadataValue, MarkdownMetadataValue
 
 from email_platform import warehouse
 from email_platform.assets import analytics
+from email_platform.cli.app import main
 from email_platform.local import demo
 from email_platform.warehouse import checks, refreshing, report
 from tests.integration.test_analytics import loaded  # noqa: F401 (the fixture, by name)
@@ -295,8 +299,42 @@ def test_the_demo_prints_a_command_that_answers_the_welcome_question(loaded):  #
     assert done.returncode == 0, done.stderr
     header, answer = done.stdout.splitlines()
     assert dict(zip(header.split(","), answer.split(","), strict=True))["open_rate"] == "1.0"
-    for line in hints[2:]:
-        assert Path(line.split(": ", 1)[1]).exists(), line
+    pointers = [line for line in hints if line.startswith(("  questions", "  tables"))]
+    paths = [line.split(": ", 1)[1] for line in pointers]
+    assert len(paths) == 2 and all(Path(path).exists() for path in paths), hints
+    # The other way it prints: the command line's own question runner, rates in percent.
+    (other,) = [line for line in hints if line.startswith("  or: ")]
+    args = shlex.split(other.removeprefix("  or: "))[1:]
+    printed = CliRunner().invoke(main, args)
+    assert printed.exit_code == 0, printed.output
+    header, row = printed.output.splitlines()
+    assert dict(zip(header.split(), row.split(), strict=True))["open_rate"] == "100.0%"
+
+
+def test_the_cli_lists_the_questions_and_answers_them_with_rates_in_percent(loaded):  # noqa: F811
+    _, path, _ = loaded
+    listed = CliRunner().invoke(main, ["analytics", "questions"])
+    assert listed.exit_code == 0, listed.output
+    for name in warehouse.question_names():
+        assert f"  {name} " in listed.output
+    folder = listed.output.splitlines()[0].split(" in ", 1)[1].split(" (", 1)[0]
+    assert sorted(p.stem for p in Path(folder).glob("*.sql")) == warehouse.question_names()
+
+    asked = CliRunner().invoke(
+        main, ["analytics", "ask", "rates_by_template_last_7_days", "--warehouse", str(path)]
+    )
+    assert asked.exit_code == 0, asked.output
+    header, *rows = asked.output.splitlines()
+    overall = dict(zip(header.split(), rows[0].split(), strict=True))
+    assert overall["open_rate"] == "66.7%" and overall["delivery_rate"] == "100.0%"
+    assert "0.666" not in asked.output  # no raw doubles
+    as_json = CliRunner().invoke(
+        main,
+        ["analytics", "ask", "rates_by_template_last_7_days", "--warehouse", str(path), "--json"],
+    )
+    assert json.loads(as_json.output)[0]["open_rate"] == pytest.approx(2 / 3)  # raw for scripts
+    unknown = CliRunner().invoke(main, ["analytics", "ask", "nope", "--warehouse", str(path)])
+    assert unknown.exit_code == 2 and "welcome_open_rate_weekly" in unknown.output
 
 
 def test_every_raw_table_and_warehouse_state_column_is_documented(loaded):  # noqa: F811
