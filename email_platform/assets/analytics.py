@@ -118,6 +118,9 @@ def _metadata(name: str, summary: core.RefreshSummary) -> dict[str, MetadataValu
         metadata["dagster/row_count"] = MetadataValue.int(summary.table_rows[core.FUNNEL_DAILY])
         metadata["days_rebuilt"] = MetadataValue.int(summary.days_rebuilt)
     if name == core.FUNNEL:
+        # The same funnel first here too: an analyst may open either asset first.
+        rates = core.template_rates(summary.warehouse_path, days=core.RATE_WINDOW_DAYS)
+        metadata["funnel"] = MetadataValue.md(core.funnel_md(rates))
         metadata["dagster/row_count"] = MetadataValue.int(summary.table_rows[core.FUNNEL])
         for key, value in summary.funnel.items():
             if value is None:

@@ -1038,6 +1038,7 @@ def test_assets_materialize_with_metadata_and_checks_in_dagster(engine, database
     materialized = {m.asset_key.path[-1]: m for m in result.get_asset_materialization_events()}
     assert set(materialized) == set(warehouse.MODEL_NAMES)
     funnel = materialized["email_funnel"].materialization.metadata
+    assert next(iter(funnel)) == "funnel" and "66.7% of delivered" in funnel["funnel"].value
     assert funnel["dagster/row_count"].value == 5 and funnel["accepted"].value == 3
     # One open rate, stated with its window: email_funnel_daily's, not an all-time one here.
     assert not any(key.endswith("_rate") for key in funnel)
