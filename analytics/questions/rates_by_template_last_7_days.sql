@@ -1,6 +1,6 @@
 -- What were each template's rates over the last 7 days, and every message's together?
--- The numbers on email_funnel_daily's page in Dagster (welcome_open_rate_7d, open_rate_7d,
--- ...) and in the demo's funnel: the 7 days ending on the newest day with messages (UTC, by
+-- The numbers on email_funnel_daily's page in Dagster (in percent there: "1 open rate, all,
+-- 7d (%)", ...) and in the demo's funnel: the 7 days ending on the newest day with messages (UTC, by
 -- the day each message was created), the rates as email_funnel_daily defines them. The
 -- overall row has template null; ORDER BY puts it first.
 WITH counts AS (

@@ -1,5 +1,6 @@
 -- What was the welcome email's open rate over the last 7 days?
--- The number Dagster plots as welcome_open_rate_7d on email_funnel_daily and the demo prints:
+-- The number Dagster plots (in percent) as "2 open rate, welcome, 7d (%)" on
+-- email_funnel_daily and the demo prints:
 -- the 7 days ending on the newest day with messages (UTC, by the day each message was
 -- created); human opens over delivered messages, machine opens shown apart.
 WITH window_end AS (

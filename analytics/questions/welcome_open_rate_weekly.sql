@@ -1,7 +1,7 @@
 -- What was the welcome email's open rate, week by week (newest first)?
 -- Human opens only: opens by mail privacy proxies (machine opens) are shown apart.
 -- Weeks start on Monday (UTC), by the day the message was created. (The last 7 days, what
--- Dagster plots as welcome_open_rate_7d: rates_by_template_last_7_days.sql.)
+-- Dagster plots as "2 open rate, welcome, 7d (%)": rates_by_template_last_7_days.sql.)
 SELECT
     date_trunc('week', day) AS week,
     sum(accepted) AS accepted,

@@ -110,11 +110,27 @@ _SOURCE_OF = {
 
 
 def _metadata(name: str, summary: core.RefreshSummary) -> dict[str, MetadataValue]:
-    metadata: dict[str, MetadataValue] = {
-        "refresh_s": MetadataValue.float(round(summary.timings_s["total"], 3)),
-        "full_build": MetadataValue.bool(summary.full_build),
-        "warehouse": MetadataValue.path(summary.warehouse_path),
-    }
+    """One model's metadata, in the order the UI lists it (it keeps ours): what the model
+    holds first, how the refresh went last."""
+    metadata: dict[str, MetadataValue] = {}
+    if name == core.FUNNEL_DAILY:
+        metadata.update(_rates_and_chart(summary.warehouse_path))
+        metadata["dagster/row_count"] = MetadataValue.int(summary.table_rows[core.FUNNEL_DAILY])
+        metadata["days_rebuilt"] = MetadataValue.int(summary.days_rebuilt)
+    if name == core.FUNNEL:
+        # The same funnel first here too: an analyst may open either asset first.
+        rates = core.template_rates(summary.warehouse_path, days=core.RATE_WINDOW_DAYS)
+        metadata["funnel"] = MetadataValue.md(core.funnel_md(rates))
+        metadata["dagster/row_count"] = MetadataValue.int(summary.table_rows[core.FUNNEL])
+        for key, value in summary.funnel.items():
+            if value is None:
+                continue
+            metadata[key] = (
+                MetadataValue.int(value)
+                if isinstance(value, int)
+                else MetadataValue.float(round(float(value), 6))
+            )
+        metadata["messages_rebuilt"] = MetadataValue.int(summary.messages_rebuilt)
     source = _SOURCE_OF.get(name)
     if source:
         raw = core.SOURCES_BY_NAME[source].raw_table
@@ -126,39 +142,20 @@ def _metadata(name: str, summary: core.RefreshSummary) -> dict[str, MetadataValu
         mark = summary.high_water_marks.get(source)
         if mark is not None:
             metadata["data_through"] = MetadataValue.timestamp(mark)
-    if name == core.FUNNEL:
-        metadata["dagster/row_count"] = MetadataValue.int(summary.table_rows[core.FUNNEL])
-        metadata["messages_rebuilt"] = MetadataValue.int(summary.messages_rebuilt)
-        for key, value in summary.funnel.items():
-            if value is None:
-                continue
-            metadata[key] = (
-                MetadataValue.int(value)
-                if isinstance(value, int)
-                else MetadataValue.float(round(float(value), 6))
-            )
-    if name == core.FUNNEL_DAILY:
-        metadata["dagster/row_count"] = MetadataValue.int(summary.table_rows[core.FUNNEL_DAILY])
-        metadata["days_rebuilt"] = MetadataValue.int(summary.days_rebuilt)
-        metadata.update(_rates_and_chart(summary.warehouse_path))
+    metadata["refresh_s"] = MetadataValue.float(round(summary.timings_s["total"], 3))
+    metadata["full_build"] = MetadataValue.bool(summary.full_build)
+    metadata["warehouse"] = MetadataValue.path(summary.warehouse_path)
     return metadata
 
 
 def _rates_and_chart(warehouse_path: str) -> dict[str, MetadataValue]:
-    """The rates over the last days, overall and per template, as plotted floats; the funnel
-    chart and its table from the same numbers: inline in the UI (a data URI) and as a file."""
+    """The funnel and the rates over the last days, first things on the page: the funnel as
+    short Markdown the UI shows inline, then the rates in percent, ranked so the UI's plots
+    (sorted by label) start with them; the chart and the full table per template after."""
     rates = core.template_rates(warehouse_path, days=core.RATE_WINDOW_DAYS)
-    metadata: dict[str, MetadataValue] = {
-        "rates_window": MetadataValue.text(rates.window),
-        "rate_definitions": MetadataValue.text(
-            "; ".join(f"{rate.name} = {rate.definition}" for rate in core.RATES)
-        ),
-    }
+    metadata: dict[str, MetadataValue] = {"funnel": MetadataValue.md(core.funnel_md(rates))}
     metadata.update(
-        {
-            key: MetadataValue.float(round(value, 6))
-            for key, value in rates.metadata_entries().items()
-        }
+        {label: MetadataValue.float(value) for label, value in core.plotted_rates(rates).items()}
     )
     svg = core.funnel_chart_svg(
         rates.templates, title=f"Funnel by template, {rates.scope} (human opens)"
@@ -172,6 +169,10 @@ def _rates_and_chart(warehouse_path: str) -> dict[str, MetadataValue]:
     )
     metadata["funnel_chart"] = MetadataValue.md(markdown)
     metadata["funnel_chart_svg"] = MetadataValue.path(chart)
+    metadata["rates_window"] = MetadataValue.text(rates.window)
+    metadata["rate_definitions"] = MetadataValue.text(
+        "; ".join(f"{rate.name} = {rate.definition}" for rate in core.RATES)
+    )
     return metadata
 
 

@@ -339,6 +339,9 @@ def _add_command_groups() -> None:
         workers,
     ):
         main.add_command(command)
+    from email_platform.cli.analytics import analytics  # the analyst's group: its own module
+
+    main.add_command(analytics)
 
 
 _add_command_groups()

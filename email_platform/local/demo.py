@@ -399,9 +399,26 @@ def _print_funnel(database_url: str, dagster_home: Path, event_ids: list[str]) -
         click.echo("analytics materialization failed; see the run in the Dagster UI", err=True)
         return
     click.echo(funnel_report(warehouse_path, event_ids=event_ids).to_text())
-    click.echo(
-        f"Query it yourself: {_command('duckdb')} -readonly {warehouse_path} (see analytics/)"
-    )
+    for line in _query_hints(str(warehouse_path)):
+        click.echo(line)
+
+
+def _query_hints(warehouse_path: str) -> list[str]:
+    """How to ask the warehouse more, with paths that exist wherever the package is (a checkout
+    or an installed wheel, which has no ``analytics/`` folder)."""
+    from email_platform.warehouse import analytics_dir
+
+    sql = analytics_dir()
+    question = sql / "questions" / "welcome_open_rate_last_7_days.sql"
+    duckdb = f"{_command('duckdb')} -readonly {shlex.quote(warehouse_path)}"
+    return [
+        "Query it yourself (read-only; one SQL file per question):",
+        f"  {duckdb} < {shlex.quote(str(question))}",
+        f"  questions: {sql / 'questions'}",
+        f"  tables, columns and rates: {sql / 'README.md'}",
+        f"  or: {_command('email-platform')} analytics ask welcome_open_rate_last_7_days "
+        f"--warehouse {shlex.quote(warehouse_path)}",
+    ]
 
 
 def _print_report(report: dict, elapsed: float, dagster_home: Path) -> None:

@@ -124,8 +124,9 @@ MODELS: tuple[Model, ...] = (
         "The funnel per UTC day x template x lane x provider: messages accepted, delivered, "
         "opened by a human, clicked, bounced, complained, and every rate of the funnel, defined "
         "here once (open_rate = human_opened / delivered, ...). Machine opens are left out of "
-        "the open rate and reported apart. Carries the last 7 days' rates, overall and per "
-        "template (welcome_open_rate_7d, ...), and a funnel chart per template.",
+        "the open rate and reported apart. Its page opens on the funnel of the last 7 days, then "
+        "their rates in percent (open rates first: '2 open rate, welcome, 7d (%)', ...) and a "
+        "funnel chart per template.",
         (FUNNEL,),
     ),
 )

@@ -147,7 +147,7 @@ def template_rates(
     published snapshot (None: every day), optionally of some events only.
 
     ``template_rates(path).rate("open_rate", "welcome")`` is the welcome email's open rate over
-    the last seven days: the ``welcome_open_rate_7d`` on email_funnel_daily and what
+    the last seven days: what email_funnel_daily plots as ``2 open rate, welcome, 7d (%)`` and
     ``analytics/questions/welcome_open_rate_last_7_days.sql`` answers
     (``rates_by_template_last_7_days.sql``: every template's).
     """

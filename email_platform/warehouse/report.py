@@ -10,6 +10,7 @@ the chart on ``email_funnel_daily``; ``run_question`` answers one analyst questi
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -26,6 +27,13 @@ from email_platform.warehouse.rates import (
 
 if TYPE_CHECKING:  # pandas costs 0.2 s to import, and every launched run imports this module
     import pandas as pd
+
+
+def analytics_dir() -> Path:
+    """Where the SQL files are, as a real path that works in both layouts: ``analytics/`` in a
+    checkout (the package's ``sql`` symlink resolved), the installed package's copies
+    (``email_platform/warehouse/sql``) otherwise. Its ``questions/`` holds one file each."""
+    return Path(os.path.realpath(str(sql_file())))
 
 
 def question_names() -> list[str]:
@@ -126,17 +134,22 @@ class FunnelReport:
             lines.append(
                 f"{row['template']:<16}{row['messages']:>9}{row['accepted']:>9}"
                 f"{row['delivered']:>10}{row['human_opened']:>8}{row['clicked']:>8}"
-                f"{row['bounced']:>8}{_pct(row['open_rate']):>10}{row['machine_opened']:>9}"
+                f"{row['bounced']:>8}{percent(row['open_rate']):>10}{row['machine_opened']:>9}"
             )
+        label = plot_label("open_rate", "welcome", self.rates.suffix)
         lines.append(
-            f"Welcome email human open rate: {_pct(self.welcome_open_rate)} "
-            f"({self.rates.scope}; welcome_open_rate_{self.rates.suffix} on email_funnel_daily)"
+            f"Welcome email human open rate: {percent(self.welcome_open_rate)} "
+            f'({self.rates.scope}; plotted as "{label}" on email_funnel_daily)'
         )
         return "\n".join(lines)
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
+def percent(value: float | None) -> str:
+    """A rate as a percentage for people: one decimal, two below 1 % (a 0.3 % complaint limit
+    must not read as "0.0%"); "-" when the rate has no denominator."""
+    if value is None:
+        return "-"
+    return f"{value:.2%}" if 0 < value < 0.01 else f"{value:.1%}"
 
 
 def funnel_report(
@@ -169,9 +182,107 @@ def funnel_table_md(rates: FunnelRates) -> str:
     for row in (*rates.templates, {**rates.overall, "template": "**all**"}):
         cells = [str(row["template"])]
         cells += [f"{row[name]:,}" for name in counts]
-        cells += [_pct(row[name]) for name in HEADLINE_RATES]
+        cells += [percent(row[name]) for name in HEADLINE_RATES]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+# The Dagster UI renders a Markdown entry inline only below this many characters (ui-core's
+# MetadataEntry: ``mdStr.length < 1000``); longer ones hide behind "[Show Markdown]".
+INLINE_MARKDOWN_LIMIT = 1000
+_BAR_CELLS = 16
+_EIGHTHS = " ▏▎▍▌▋▊▉"
+
+
+def _bar(share: float) -> str:
+    """A text bar ``share`` of ``_BAR_CELLS`` wide (eighths of a cell), so the funnel's shape
+    shows in Markdown, with no image (an image's data URI alone is past the inline limit)."""
+    eighths = round(max(0.0, min(1.0, share)) * _BAR_CELLS * 8)
+    return "█" * (eighths // 8) + _EIGHTHS[eighths % 8].strip()
+
+
+def funnel_md(rates: FunnelRates, *, limit: int = INLINE_MARKDOWN_LIMIT) -> str:
+    """The funnel over the window as short Markdown the Dagster UI shows inline: every message's
+    steps as bars with their rates, then each template's key rates, largest first, as many as
+    fit under ``limit`` characters (the rest are named in the last line)."""
+    overall = rates.overall
+    base = overall["messages"] or 0
+    lines = [f"**Funnel, {rates.window}**", "", "| step | count | | rate |", "|---|---:|---|---|"]
+    for label, key, rate, _ in FUNNEL_STEPS:
+        value = overall.get(key) or 0
+        text = (
+            "" if rate is None else f"{percent(overall[rate])} of {RATES_BY_NAME[rate].denominator}"
+        )
+        lines.append(f"| {label} | {value:,} | {_bar(value / base if base else 0.0)} | {text} |")
+    lines += [
+        "",
+        "| template | messages | open rate | click rate | bounce rate |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    by_size = sorted(
+        rates.templates, key=lambda row: (-(row["messages"] or 0), str(row["template"]))
+    )
+    shown = 0
+    for row in by_size:
+        line = (
+            f"| {row['template']} | {row['messages']:,} | {percent(row['open_rate'])} | "
+            f"{percent(row['click_rate'])} | {percent(row['bounce_rate'])} |"
+        )
+        rest = len(by_size) - shown - 1
+        tail = f"\n\n{rest} more templates in funnel_chart." if rest else ""
+        if len("\n".join([*lines, line])) + len(tail) >= limit:
+            break
+        lines.append(line)
+        shown += 1
+    if shown < len(by_size):
+        lines += ["", f"{len(by_size) - shown} more templates in funnel_chart."]
+    return "\n".join(lines)
+
+
+# What is plotted, in groups the UI shows in this order: the open rate of every message, each
+# template's open rate, the other rates of every message, each template's click rate.
+_PLOT_GROUPS: tuple[tuple[bool, tuple[str, ...]], ...] = (
+    (False, ("open_rate",)),
+    (True, ("open_rate",)),
+    (False, ("bounce_rate", "click_rate", "complaint_rate", "delivery_rate", "machine_open_rate")),
+    (True, ("click_rate",)),
+)
+# Templates plotted, largest first: Dagster plots the first 100 numeric labels and no more.
+_MAX_PLOTTED_TEMPLATES = 10
+
+
+def plot_label(name: str, template: str | None, suffix: str) -> str:
+    """The label ``plotted_rates`` gives one rate (``template=None``: every message's)."""
+    per_template = template is not None
+    group = next(
+        index
+        for index, (of_template, names) in enumerate(_PLOT_GROUPS, start=1)
+        if of_template == per_template and name in names
+    )
+    return f"{group} {name.replace('_', ' ')}, {template or 'all'}, {suffix} (%)"
+
+
+def plotted_rates(rates: FunnelRates) -> dict[str, float]:
+    """The rates to plot over materializations, in percent (two decimals), labelled
+    ``<group> <rate>, <template or all>, <window> (%)``, e.g. ``2 open rate, welcome, 7d (%)``.
+
+    The Dagster UI sorts plot labels as strings (ui-core's AssetMaterializationGraphs), so the
+    group's digit leads the label: the open rates come first, and a label never changes with
+    the data (a plot is the history of one label). A rate without a denominator is left out.
+    """
+    templates = sorted(
+        rates.templates, key=lambda row: (-(row["messages"] or 0), str(row["template"]))
+    )[:_MAX_PLOTTED_TEMPLATES]
+    entries: list[tuple[str, float]] = []
+    for per_template, names in _PLOT_GROUPS:
+        rows = templates if per_template else [rates.overall]
+        for name in names:
+            for row in rows:
+                if row[name] is not None:
+                    template = str(row["template"]) if per_template else None
+                    label = plot_label(name, template, rates.suffix)
+                    entries.append((label, round(100 * row[name], 2)))
+    return dict(sorted(entries))
 
 
 def funnel_row(warehouse_path: str | os.PathLike[str], event_id: str) -> list[dict[str, Any]]:
@@ -229,7 +340,7 @@ def funnel_chart_svg(rows: Sequence[dict[str, Any]], *, title: str) -> str:
             share = value / base if base else 0.0
             text = f"{value:,}"
             if rate is not None:
-                text += f" ({_pct(row[rate])} of {RATES_BY_NAME[rate].denominator})"
+                text += f" ({percent(row[rate])} of {RATES_BY_NAME[rate].denominator})"
             parts.append(f'<text x="20" y="{y + 11}" fill="#333">{label}</text>')
             parts.append(
                 f'<rect x="{bar_x}" y="{y}" width="{bar_w}" height="{row_h - 4}" fill="#eef1f5"/>'

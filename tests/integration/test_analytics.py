@@ -1038,16 +1038,16 @@ def test_assets_materialize_with_metadata_and_checks_in_dagster(engine, database
     materialized = {m.asset_key.path[-1]: m for m in result.get_asset_materialization_events()}
     assert set(materialized) == set(warehouse.MODEL_NAMES)
     funnel = materialized["email_funnel"].materialization.metadata
+    assert next(iter(funnel)) == "funnel" and "66.7% of delivered" in funnel["funnel"].value
     assert funnel["dagster/row_count"].value == 5 and funnel["accepted"].value == 3
     # One open rate, stated with its window: email_funnel_daily's, not an all-time one here.
     assert not any(key.endswith("_rate") for key in funnel)
     daily = materialized["email_funnel_daily"].materialization.metadata
-    assert daily["open_rate_7d"].value == pytest.approx(2 / 3)
-    assert daily["welcome_open_rate_7d"].value == 1.0
-    assert daily["receipt_open_rate_7d"].value == 0.0
-    assert daily["receipt_bounce_rate_7d"].value == 1.0
-    assert daily["weekly_digest_complaint_rate_7d"].value == 1.0
-    assert "password_reset_open_rate_7d" not in daily  # nothing delivered: no rate
+    assert daily["1 open rate, all, 7d (%)"].value == pytest.approx(66.67)
+    assert daily["2 open rate, welcome, 7d (%)"].value == 100.0
+    assert daily["2 open rate, receipt, 7d (%)"].value == 0.0
+    assert daily["3 bounce rate, all, 7d (%)"].value == pytest.approx(100 / 3, abs=0.005)
+    assert not any("password_reset" in key for key in daily)  # nothing delivered: no rate
     assert daily["rates_window"].value == (
         "last 7 days, 2026-02-24 to 2026-03-02 (UTC, by the day each message was created)"
     )

@@ -100,8 +100,8 @@ def test_real_sends_and_webhooks_land_in_the_funnel(engine, database_url, sandbo
         m.asset_key.path[-1]: m.materialization.metadata
         for m in result.get_asset_materialization_events()
     }["email_funnel_daily"]
-    assert daily["welcome_open_rate_7d"].value == 0.5
-    assert daily["welcome_machine_open_rate_7d"].value == 0.5
+    assert daily["2 open rate, welcome, 7d (%)"].value == 50.0
+    assert daily["3 machine open rate, all, 7d (%)"].value == 50.0
     assert warehouse.template_rates(path).rate("open_rate", "welcome") == 0.5
     week = warehouse.run_question(path, "rates_by_template_last_7_days")
     assert week.set_index("template").loc["welcome", "open_rate"] == 0.5

@@ -5,15 +5,23 @@ Uses the hand-checked fixture of ``test_analytics`` (every message on 2026-03-02
 """
 
 import inspect
+import json
 import math
 import re
+import shlex
+import subprocess
 from datetime import date
+from pathlib import Path
 
 import duckdb
 import pytest
+from click.testing import CliRunner
+from dagster import FloatMetadataValue, IntMetadataValue, MarkdownMetadataValue
 
 from email_platform import warehouse
 from email_platform.assets import analytics
+from email_platform.cli.app import main
+from email_platform.local import demo
 from email_platform.warehouse import checks, refreshing, report
 from tests.integration.test_analytics import loaded  # noqa: F401 (the fixture, by name)
 
@@ -151,9 +159,15 @@ def test_template_rates_over_the_window_agree_with_the_question_and_the_report(l
     assert welcome_answer["open_rate"] == entries["welcome_open_rate_7d"] == 0.4
     assert welcome_answer["machine_open_rate"] == entries["welcome_machine_open_rate_7d"] == 0.1
 
+    # What the UI plots: the same rates, in percent.
+    plotted = warehouse.plotted_rates(rates)
+    assert plotted["2 open rate, welcome, 7d (%)"] == 100 * welcome_answer["open_rate"] == 40.0
+    assert plotted["1 open rate, all, 7d (%)"] == round(100 * 5 / 12, 2) == 41.67
+
     report = warehouse.funnel_report(path)
     assert report.welcome_open_rate == 0.4 and report.rows == rates.templates
     assert "Welcome email human open rate: 40.0% (last 7 days;" in report.to_text()
+    assert '"2 open rate, welcome, 7d (%)" on email_funnel_daily' in report.to_text()
 
 
 def test_the_report_of_some_events_counts_them_as_the_daily_model_does(loaded):  # noqa: F811
@@ -197,3 +211,162 @@ def test_the_chart_labels_each_step_with_its_rate(loaded):  # noqa: F811
     assert table.splitlines()[-1] == (
         "| **all** | 5 | 3 | 3 | 2 | 1 | 1 | 100.0% | 66.7% | 33.3% | 33.3% | 33.3% | 33.3% |"
     )
+
+
+# What the Dagster UI (ui-core 1.13) does with asset metadata: lists the entries in the order
+# they were given, renders Markdown inline only under this many characters (else behind
+# "[Show Markdown]"), and plots numeric entries sorted by label as strings.
+UI_INLINE_MARKDOWN = 1000
+
+
+def test_the_funnel_and_the_open_rates_are_the_first_things_on_email_funnel_daily(loaded):  # noqa: F811
+    _, _, summary = loaded
+    metadata = analytics._metadata(warehouse.FUNNEL_DAILY, summary)
+    (first, *_) = metadata
+    assert first == "funnel" and isinstance(metadata["funnel"], MarkdownMetadataValue)
+    funnel = metadata["funnel"].value
+    assert len(funnel) < UI_INLINE_MARKDOWN  # shown inline, not behind "[Show Markdown]"
+    # Every message's steps with their rates in percent, then each template's, largest first.
+    assert "| opened | 2 | ██████▍ | 66.7% of delivered |" in funnel
+    assert "| clicked | 1 | ███▎ | 33.3% of delivered |" in funnel
+    lines = funnel.splitlines()
+    assert lines[lines.index("|---|---:|---:|---:|---:|") + 1] == (
+        "| welcome | 2 | 100.0% | 100.0% | 0.0% |"
+    )
+    # The rates right after it, and first in the plots; each in percent, not as a fraction.
+    numbers = (FloatMetadataValue, IntMetadataValue)
+    numeric = [key for key, value in metadata.items() if isinstance(value, numbers)]
+    assert list(metadata)[1] == "1 open rate, all, 7d (%)"
+    assert sorted(numeric)[:4] == [
+        "1 open rate, all, 7d (%)",
+        "2 open rate, receipt, 7d (%)",
+        "2 open rate, weekly_digest, 7d (%)",
+        "2 open rate, welcome, 7d (%)",
+    ]
+    assert metadata["2 open rate, welcome, 7d (%)"].value == 100.0
+    assert metadata["1 open rate, all, 7d (%)"].value == 66.67
+    assert metadata["3 complaint rate, all, 7d (%)"].value == 33.33
+    # Fewer entries than a plot per template x rate: open and click per template.
+    assert len(numeric) == 1 + 3 + 5 + 3 + 3  # + row count, days rebuilt and refresh_s
+    # The refresh's own numbers come last.
+    assert list(metadata)[-3:] == ["refresh_s", "full_build", "warehouse"]
+
+
+def test_the_funnel_stays_inline_however_many_templates():
+    rows = [
+        {
+            "template": f"a_rather_long_template_name_{i:02d}",
+            "messages": 1000 - i,
+            "open_rate": 0.3,
+            "click_rate": 0.05,
+            "bounce_rate": 0.001,
+        }
+        for i in range(40)
+    ]
+    overall = {
+        "messages": 40_000,
+        "accepted": 39_000,
+        "delivered": 38_000,
+        "human_opened": 12_000,
+        "clicked": 2_000,
+        "acceptance_rate": 0.975,
+        "delivery_rate": 38 / 39,
+        "open_rate": 12 / 38,
+        "click_rate": 2 / 38,
+    }
+    rates = warehouse.FunnelRates(7, date(2026, 2, 24), date(2026, 3, 2), overall, rows)
+    funnel = warehouse.funnel_md(rates)
+    assert len(funnel) < UI_INLINE_MARKDOWN
+    shown = [line for line in funnel.splitlines() if "a_rather_long" in line]
+    assert shown and shown[0].startswith("| a_rather_long_template_name_00 |")  # largest first
+    assert funnel.endswith(f"{40 - len(shown)} more templates in funnel_chart.")
+    assert "| 0.10% |" in shown[0]  # a bounce rate under 1 % keeps two decimals
+
+
+def test_rates_print_as_percentages():
+    assert warehouse.percent(1 / 3) == "33.3%"
+    assert warehouse.percent(0.0005) == "0.05%"  # not "0.0%" beside a 0.3 % complaint limit
+    assert warehouse.percent(0.0) == "0.0%" and warehouse.percent(1.0) == "100.0%"
+    assert warehouse.percent(None) == "-"
+
+
+def test_the_demo_prints_a_command_that_answers_the_welcome_question(loaded):  # noqa: F811
+    _, path, _ = loaded
+    hints = demo._query_hints(str(path))
+    (command,) = [line.strip() for line in hints if " < " in line]
+    # As printed, plus -csv: off a terminal duckdb's boxes elide the columns past 80 characters.
+    done = subprocess.run(f"{command} -csv", shell=True, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    header, answer = done.stdout.splitlines()
+    assert dict(zip(header.split(","), answer.split(","), strict=True))["open_rate"] == "1.0"
+    pointers = [line for line in hints if line.startswith(("  questions", "  tables"))]
+    paths = [line.split(": ", 1)[1] for line in pointers]
+    assert len(paths) == 2 and all(Path(path).exists() for path in paths), hints
+    # The other way it prints: the command line's own question runner, rates in percent.
+    (other,) = [line for line in hints if line.startswith("  or: ")]
+    args = shlex.split(other.removeprefix("  or: "))[1:]
+    printed = CliRunner().invoke(main, args)
+    assert printed.exit_code == 0, printed.output
+    header, row = printed.output.splitlines()
+    assert dict(zip(header.split(), row.split(), strict=True))["open_rate"] == "100.0%"
+
+
+def test_the_cli_lists_the_questions_and_answers_them_with_rates_in_percent(loaded):  # noqa: F811
+    _, path, _ = loaded
+    listed = CliRunner().invoke(main, ["analytics", "questions"])
+    assert listed.exit_code == 0, listed.output
+    for name in warehouse.question_names():
+        assert f"  {name} " in listed.output
+    folder = listed.output.splitlines()[0].split(" in ", 1)[1].split(" (", 1)[0]
+    assert sorted(p.stem for p in Path(folder).glob("*.sql")) == warehouse.question_names()
+
+    asked = CliRunner().invoke(
+        main, ["analytics", "ask", "rates_by_template_last_7_days", "--warehouse", str(path)]
+    )
+    assert asked.exit_code == 0, asked.output
+    header, *rows = asked.output.splitlines()
+    overall = dict(zip(header.split(), rows[0].split(), strict=True))
+    assert overall["open_rate"] == "66.7%" and overall["delivery_rate"] == "100.0%"
+    assert "0.666" not in asked.output  # no raw doubles
+    as_json = CliRunner().invoke(
+        main,
+        ["analytics", "ask", "rates_by_template_last_7_days", "--warehouse", str(path), "--json"],
+    )
+    assert json.loads(as_json.output)[0]["open_rate"] == pytest.approx(2 / 3)  # raw for scripts
+    unknown = CliRunner().invoke(main, ["analytics", "ask", "nope", "--warehouse", str(path)])
+    assert unknown.exit_code == 2 and "welcome_open_rate_weekly" in unknown.output
+
+
+def test_every_raw_table_and_warehouse_state_column_is_documented(loaded):  # noqa: F811
+    """The README's section on what lies under the models names every raw_* table, each of its
+    columns and every column of warehouse_state, as a loaded warehouse file has them."""
+    _, path, _ = loaded
+    readme = (warehouse.analytics_dir() / "README.md").read_text()
+    section = readme.split("## Underneath the models:", 1)[1].split("\n## ", 1)[0]
+    rows = {
+        line.split("|")[1].strip().strip("`"): line
+        for line in section.splitlines()
+        if line.startswith("| `")
+    }
+    connection = warehouse.connect_read_only(path)
+    try:
+        tables = [
+            row[0]
+            for row in connection.execute("SHOW TABLES").fetchall()
+            if row[0].startswith("raw_") or row[0] == "warehouse_state"
+        ]
+        columns = {
+            table: [row[0] for row in connection.execute(f"DESCRIBE {table}").fetchall()]
+            for table in tables
+        }
+    finally:
+        connection.close()
+    assert len(tables) == 6
+    for table in tables:
+        if table == "warehouse_state":
+            for column in columns[table]:
+                assert f"| `{column}` |" in section, column
+            continue
+        assert table in rows, table
+        for column in columns[table]:
+            assert f"`{column}`" in rows[table], (table, column)

@@ -22,7 +22,7 @@ from tests.paths import ROOT
 WELCOME_QUESTION = "welcome_open_rate_last_7_days.sql"
 WELCOME_SQL_COLUMN = "open_rate"
 WELCOME_RATE_ASSET = "email_platform/email_funnel_daily"
-WELCOME_RATE_KEY = "welcome_open_rate_7d"
+WELCOME_RATE_KEY = "2 open rate, welcome, 7d (%)"
 
 
 @pytest.fixture(scope="module")
@@ -101,5 +101,16 @@ def test_the_welcome_open_rate_is_one_number_in_the_ui_in_sql_and_in_the_demo(de
     finally:
         connection.close()
     in_sql = float(frame[WELCOME_SQL_COLUMN].iloc[0])
-    assert in_ui == pytest.approx(in_sql, abs=1e-6)  # metadata keeps six decimals
+    assert in_ui == pytest.approx(100 * in_sql, abs=0.005)  # plotted in percent, two decimals
     assert round(100 * in_sql, 1) == printed
+
+
+def test_the_analyst_sees_the_funnel_first_and_the_open_rates_first_in_the_plots(webserver):
+    metadata = webserver.latest_asset_metadata(WELCOME_RATE_ASSET)
+    # The UI lists entries in the order GraphQL gives them and renders Markdown inline only
+    # under 1,000 characters (ui-core's MetadataEntry); it sorts plot labels as strings.
+    assert next(iter(metadata)) == "funnel" and len(metadata["funnel"]) < 1000
+    assert "% of delivered" in metadata["funnel"]
+    plotted = sorted(key for key, value in metadata.items() if isinstance(value, float | int))
+    assert plotted[0] == "1 open rate, all, 7d (%)"
+    assert WELCOME_RATE_KEY in plotted[:5]

@@ -86,9 +86,12 @@ CHILD = textwrap.dedent(
         ).fetchall()
     finally:
         reader.close()
+    from email_platform.local.demo import _query_hints
+
     print(json.dumps({
         "email_platform": email_platform.__file__,
         "sql": str(files("email_platform.warehouse") / "sql"),
+        "hints": _query_hints(warehouse_path),
         "event_ids": sorted(event_ids),
         "sent": sent,
         "full_build": summary.full_build,
@@ -109,6 +112,7 @@ def test_the_wheel_alone_builds_the_warehouse(tmp_path: Path, wheel: Path) -> No
     expected = {f"email_platform/warehouse/sql/{name}" for name in models} | {
         f"email_platform/warehouse/sql/questions/{name}" for name in questions
     }
+    expected.add("email_platform/warehouse/sql/README.md")  # the demo points analysts at it
     assert expected - shipped == set(), "model or question files missing from the wheel"
 
     venv = tmp_path / "venv"
@@ -142,5 +146,19 @@ def test_the_wheel_alone_builds_the_warehouse(tmp_path: Path, wheel: Path) -> No
     # The package, and the SQL it read, came from the wheel's install, not from the checkout.
     assert Path(found["email_platform"]).resolve().is_relative_to(site_packages.resolve())
     assert Path(found["sql"]).resolve().is_relative_to(site_packages.resolve())
+    # Every path the demo tells an analyst to open exists in the installed layout (there is no
+    # analytics/ folder there), and the command it prints answers the question.
+    paths = [Path(word) for line in found["hints"] for word in line.split() if word.startswith("/")]
+    assert {path.name for path in paths} >= {
+        "welcome_open_rate_last_7_days.sql",
+        "questions",
+        "README.md",
+    }
+    for path in paths:
+        if path.parent == venv / "bin":  # a command the install put beside its python
+            assert path.name in {"duckdb", "email-platform"} and path.exists(), path
+        elif path != elsewhere / "warehouse.duckdb":
+            assert path.exists() and path.resolve().is_relative_to(site_packages.resolve()), path
+    assert all("analytics/" not in line for line in found["hints"])
     assert found["sent"] == 2 and found["full_build"] is True
     assert found["funnel"] == [[event_id, "welcome", "sent"] for event_id in found["event_ids"]]
