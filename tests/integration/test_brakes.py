@@ -123,12 +123,17 @@ def test_a_hard_bounce_spike_pauses_bulk_only_with_rate_threshold_and_counts(
 
 def test_a_complaint_spike_pauses_bulk(engine, database_url, sandbox):
     bulk = _send_digests(engine, database_url, sandbox.base_url, 0, 30)
-    # One hard bounce (3.33%, under 5%) and one complaint (3.33%, over 0.30%).
+    # Delivered: the complaint rate's denominator, as the analysts' complaint_rate divides.
+    _report(engine, sandbox.base_url, {event_id: "delivered" for event_id in bulk[1:26]})
+    # One hard bounce (3.33% of 30 accepted, under 5%) and one complaint (4.00% of 25
+    # delivered, over 0.30%).
     _report(engine, sandbox.base_url, {bulk[0]: "bounced:hard", bulk[1]: "complained"})
     assert _brake(database_url).startswith("BRAKE:")
     pause = _pause(engine, "bulk")
     assert pause.paused_by == "brake:complaint_rate"
-    assert pause.reason.startswith("complaint rate 3.33% is over 0.30% (1 of 30 bulk message(s)")
+    assert pause.reason.startswith(
+        "complaint rate 4.00% is over 0.30% (1 of 25 bulk message(s) delivered of those accepted"
+    ), pause.reason
     assert "hard-bounce" not in pause.reason
 
 
@@ -138,7 +143,8 @@ def test_below_the_minimum_volume_or_thresholds_nothing_is_paused(engine, databa
     # Half of them bounced, but 40 messages are under the shipped minimum of 200.
     message = _brake(database_url, policy=None)
     assert (
-        "of 40 bulk message(s) accepted since" in message and "20 hard-bounced (50.00%)" in message
+        "of 40 bulk message(s) accepted since" in message
+        and "20 hard-bounced (50.00% of accepted)" in message
     )
     assert "needs at least 200" in message and _pause(engine, "bulk") is None
     # Thresholds are settings too: 50% is under a 60% threshold.
