@@ -169,10 +169,16 @@ def verdict(judgement: Judgement, settings: BrakeSettings) -> str:
             f"No brake: {measured(judgement.rates, judgement.since)}; a brake needs at least "
             f"{settings.min_messages} accepted message(s)."
         )
+    # Said, so a provider sending no delivery reports does not pass for a clean list.
+    unjudged = (
+        "; the complaint rate is not judged: no delivery reports yet"
+        if not judgement.rates.delivered
+        else ""
+    )
     return (
         f"No brake: {measured(judgement.rates, judgement.since)}; thresholds "
         f"{_percent(settings.max_hard_bounce_rate)} hard bounces of accepted, "
-        f"{_percent(settings.max_complaint_rate)} complaints of delivered."
+        f"{_percent(settings.max_complaint_rate)} complaints of delivered{unjudged}."
     )
 
 

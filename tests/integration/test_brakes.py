@@ -153,6 +153,8 @@ def test_below_the_minimum_volume_or_thresholds_nothing_is_paused(engine, databa
     # Thresholds are settings too: 50% is under a 60% threshold.
     within = _brake(database_url, BrakePolicy(min_messages=20, max_hard_bounce_rate=0.6))
     assert within.startswith("No brake:") and _pause(engine, "bulk") is None
+    # No delivery reports: the complaint rate has no denominator, and the tick says so.
+    assert "the complaint rate is not judged: no delivery reports yet" in within
     # Mail accepted before the window is not measured.
     short = _brake(database_url, BrakePolicy(min_messages=1, window_s=0.001))
     assert "of 0 bulk message(s)" in short and _pause(engine, "bulk") is None
