@@ -67,3 +67,26 @@ def test_every_lane_has_its_sends_asset_beside_the_table_it_writes():
         key = AssetKey(["email_platform", f"sends_{lane}"])
         assert graph.has(key)
         assert graph.get(key).parent_keys == {AssetKey(["email_platform", "email_messages"])}
+
+
+def test_a_batch_run_holding_dead_letters_fails_cleanly_with_what_to_do(
+    engine, database_url, sandbox
+):
+    """The batch op (``workers: 0``) fails on purpose to hold its dead letters: the failure is
+    our description and metadata, with no frame of ours under it but the op's re-raise."""
+    good = signup(engine, "ok")
+    bad = signup(engine, "no", email="no+reject@example.com")
+    result = run_send(database_url, sandbox.base_url, "transactional", [good, bad])
+    assert not result.success
+    (event,) = result.get_step_failure_events()
+    failure = event.step_failure_data
+    assert failure.user_failure_data.label == "intentional-failure"
+    assert failure.user_failure_data.description.startswith(
+        "1 message(s) of this run are in dead_letters ("
+    )
+    assert "re-execute this run from failure" in failure.user_failure_data.description
+    metadata = failure.user_failure_data.metadata
+    assert metadata["open_dead_letters"].value == 1 and metadata["dead_letter_ids"].value
+    ours = [frame for frame in failure.error.stack if "email_platform" in frame]
+    assert len(ours) == 1 and "raise failure.with_traceback(None)" in ours[0], ours
+    assert failure.error.cause is None and failure.error.context is None
