@@ -223,8 +223,9 @@ def make_brake_sensor(policy: BrakePolicy | None = None) -> SensorDefinition:
         default_status=DefaultSensorStatus.RUNNING,
         description=(
             f"Pauses the {BRAKED_LANE.value} lane when, over its mail accepted in the last hour "
-            "(since its last resume at most), the hard-bounce or complaint rate is over its "
-            "threshold (EMAIL_PLATFORM_BRAKE_*; docs/lanes.md). Never resumes by itself and "
+            "(since its last resume at most), the hard-bounce rate (of accepted) or complaint "
+            "rate (of delivered) is over its threshold (EMAIL_PLATFORM_BRAKE_*; docs/lanes.md); "
+            "the bulk_brake check on email_funnel judges the same. Never resumes by itself and "
             f"never pauses another lane; {RESUME_HINT}. Launches no runs: each tick says what "
             "it measured."
         ),
