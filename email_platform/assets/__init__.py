@@ -6,10 +6,19 @@ from email_platform.assets.analytics import (
     analytics_warehouse,
     operational_tables,
 )
+from email_platform.assets.brake_check import bulk_brake
+from email_platform.assets.sends import lane_sends
 
 # What definitions.py registers as assets: the warehouse multi-asset, the operational tables it
-# reads (external, for lineage) and the asset checks.
-analytics_assets: list = [analytics_warehouse, *operational_tables, *analytics_checks]
+# reads (external, for lineage), the asset checks, the bulk lane's brake over the warehouse, and
+# each lane's observed sends.
+analytics_assets: list = [
+    analytics_warehouse,
+    *operational_tables,
+    *analytics_checks,
+    bulk_brake,
+    *lane_sends,
+]
 
 __all__ = [
     "analytics_assets",

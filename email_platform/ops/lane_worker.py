@@ -15,6 +15,7 @@ from dagster import (
     Config,
     DagsterInstance,
     DagsterRunStatus,
+    Failure,
     MetadataValue,
     OpExecutionContext,
     op,
@@ -218,6 +219,24 @@ def run_lane_worker(
     Pause the lane (``email-platform lanes pause``, a brake, or stopping its outbox sensor):
     its workers end within seconds.
     """
+    try:
+        return _run_worker(
+            context, config, email_database, email_provider, email_routing, email_lanes
+        )
+    except Failure as failure:
+        # Raised on purpose (dead letters held): its description and metadata say it all, so
+        # it leaves without the stack of our frames it came through.
+        raise failure.with_traceback(None) from None
+
+
+def _run_worker(
+    context: OpExecutionContext,
+    config: LaneWorkerConfig,
+    email_database: AppDatabase,
+    email_provider: EmailProviderResource,
+    email_routing: RoutingResource,
+    email_lanes: LanePolicy,
+) -> dict:
     lane = email_lanes.config_for(config.lane)
     engine = email_database.get_engine()
     run = context.run

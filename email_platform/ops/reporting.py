@@ -1,19 +1,25 @@
 """What a send run tells the Dagster UI: counters a reader understands, a tag on runs that hold
-dead letters, and observations of the operational messages asset so the UI plots sends."""
+dead letters, and observations of each lane's sends asset so the UI plots each lane's sends."""
 
 import time
 from collections.abc import Mapping
 
-from dagster import AssetObservation, MetadataValue, OpExecutionContext
+from dagster import AssetKey, AssetObservation, MetadataValue, OpExecutionContext
 
 from email_platform.assets.keys import asset_key
+from email_platform.assets.sends import sends_key_name
 from email_platform.sending.worker import WorkerResult
 
 #: Set on a run that recorded dead letters: the runs list filters on it to find the runs worth
 #: re-executing. Its value is the number still open when the run ended.
 DEAD_LETTERS_TAG = "email/dead_letters"
-#: Observed after sends, so the asset's page plots them over time.
-MESSAGES_ASSET = asset_key("email_messages")
+
+
+def sends_asset(lane: str) -> AssetKey:
+    """The asset a lane's sends are observed on: one per lane, so each lane plots alone."""
+    return asset_key(sends_key_name(lane))
+
+
 #: How often a lane worker records an observation of what it sent since the last one.
 OBSERVE_EVERY_S = 10.0
 
@@ -81,10 +87,10 @@ def tag_dead_letters(context: OpExecutionContext, open_letters: int) -> None:
 
 
 def observe_sends(context: OpExecutionContext, lane: str, counts: Mapping[str, int]) -> None:
-    """One observation of ``email_messages``: what this run did since its last observation."""
+    """One observation of the lane's sends asset: what this run did since its last one."""
     context.log_event(
         AssetObservation(
-            asset_key=MESSAGES_ASSET,
+            asset_key=sends_asset(lane),
             metadata={
                 "lane": MetadataValue.text(lane),
                 **{

@@ -1,7 +1,7 @@
 """The batch-run op (``workers: 0``): one attempt sends one claimed batch of one lane; the
 attempt itself is in ``send_step``, which the lane-worker op shares."""
 
-from dagster import Config, OpExecutionContext, op
+from dagster import Config, Failure, OpExecutionContext, op
 
 from email_platform.ops.retry import retried_on_error
 from email_platform.ops.send_step import send_batch
@@ -31,12 +31,17 @@ def send_email_batch(
     messages are sent again, with their original idempotency key. Permanent failures and
     exhausted retries become dead letters and fail the run, so an operator can re-execute it.
     """
-    with retried_on_error(context):
-        return send_batch(
-            context,
-            lane=email_lanes.config_for(config.lane),
-            event_ids=config.event_ids,
-            app_database=email_database,
-            email_provider=email_provider,
-            routing=email_routing,
-        )
+    try:
+        with retried_on_error(context):
+            return send_batch(
+                context,
+                lane=email_lanes.config_for(config.lane),
+                event_ids=config.event_ids,
+                app_database=email_database,
+                email_provider=email_provider,
+                routing=email_routing,
+            )
+    except Failure as failure:
+        # Raised on purpose (dead letters held): its description and metadata say it all, so
+        # it leaves without the stack of our frames it came through.
+        raise failure.with_traceback(None) from None

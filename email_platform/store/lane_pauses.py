@@ -121,11 +121,13 @@ def describe(row: Row) -> str:
 @dataclass(frozen=True)
 class LaneRates:
     """Of the lane's messages accepted by the provider in a window: how many, and how many of
-    those a provider reported hard-bounced or complained about (each message counted once)."""
+    those a provider reported delivered, hard-bounced or complained about (each message
+    counted once): the counts of ``email_funnel_daily`` the brake's rates divide."""
 
     accepted: int
     hard_bounced: int
     complained: int
+    delivered: int = 0
 
 
 def rates_since(connection: Connection, lane: str, since: datetime, now: datetime) -> LaneRates:
@@ -146,15 +148,21 @@ def rates_since(connection: Connection, lane: str, since: datetime, now: datetim
     )
     accepted = connection.execute(select(func.count()).select_from(m).where(window)).scalar_one()
     if not accepted:
-        return LaneRates(0, 0, 0)
+        return LaneRates(0, 0, 0, 0)
     e = email_events
     hard = and_(e.c.event_type == "bounced", e.c.bounce_type == "hard")
     rows = connection.execute(
         select(
             func.count(distinct(e.c.message_id)).filter(hard),
             func.count(distinct(e.c.message_id)).filter(e.c.event_type == "complained"),
+            func.count(distinct(e.c.message_id)).filter(e.c.event_type == "delivered"),
         )
         .select_from(e.join(m, m.c.message_id == e.c.message_id))
-        .where(window, e.c.event_type.in_(("bounced", "complained")))
+        .where(window, e.c.event_type.in_(("bounced", "complained", "delivered")))
     ).one()
-    return LaneRates(accepted=accepted, hard_bounced=rows[0] or 0, complained=rows[1] or 0)
+    return LaneRates(
+        accepted=accepted,
+        hard_bounced=rows[0] or 0,
+        complained=rows[1] or 0,
+        delivered=rows[2] or 0,
+    )

@@ -1116,7 +1116,9 @@ def test_code_location_registers_assets_checks_sensor_and_resource():
     for spec in node.specs:
         assert spec.description and len(spec.description) > 20
     check_keys = repository.asset_graph.asset_check_keys
-    assert len(check_keys) == len(analytics_checks)
+    # The analysts' checks and the bulk lane's brake over the warehouse.
+    assert len(check_keys) == len(analytics_checks) + 1
+    assert "bulk_brake" in {key.name for key in check_keys}
     sensor = repository.get_sensor_def("analytics_refresh_sensor")
     assert sensor.default_status.value == "RUNNING" and sensor.description
     assert "email_warehouse" in repository.get_top_level_resources()

@@ -779,14 +779,14 @@ def _run_logs(instance: DagsterInstance, run_id: str) -> list[str]:
 
 
 def _observations(instance: DagsterInstance, run_id: str) -> list[dict]:
-    return [
-        {
-            k: v.value
-            for k, v in e.dagster_event.asset_observation_data.asset_observation.metadata.items()
-        }
-        for e in instance.all_logs(run_id)
-        if e.is_dagster_event and e.dagster_event.event_type_value == "ASSET_OBSERVATION"
-    ]
+    """Each observation's metadata, and the asset it observes under ``"asset"``."""
+    found = []
+    for e in instance.all_logs(run_id):
+        if e.is_dagster_event and e.dagster_event.event_type_value == "ASSET_OBSERVATION":
+            observation = e.dagster_event.asset_observation_data.asset_observation
+            values = {k: v.value for k, v in observation.metadata.items()}
+            found.append({**values, "asset": observation.asset_key.to_user_string()})
+    return found
 
 
 def test_a_worker_run_with_dead_letters_is_tagged_and_reports_each_batch(
@@ -808,7 +808,14 @@ def test_a_worker_run_with_dead_letters_is_tagged_and_reports_each_batch(
         ) as run:
             assert not run.success
             run_id = run.run_id
-            metadata = run.get_step_failure_events()[0].step_failure_data.user_failure_data.metadata
+            failure = run.get_step_failure_events()[0].step_failure_data
+            metadata = failure.user_failure_data.metadata
+        # A failure raised on purpose: the description and metadata, and none of our frames
+        # but the op's own re-raise (Dagster's frames above it are Dagster's to print).
+        assert failure.error.message.startswith("dagster._core.definitions.events.Failure: 1 ")
+        ours = [frame for frame in failure.error.stack if "email_platform" in frame]
+        assert len(ours) == 1 and "raise failure.with_traceback(None)" in ours[0], ours
+        assert failure.error.cause is None and failure.error.context is None
         assert instance.get_run_by_id(run_id).tags["email/dead_letters"] == "1"
         logs = _run_logs(instance, run_id)
         batches = [line for line in logs if line.startswith("batch ")]
@@ -833,6 +840,8 @@ def test_a_worker_run_with_dead_letters_is_tagged_and_reports_each_batch(
         assert sum(o["messages_sent"] for o in observed) == 4
         assert sum(o["dead_letters_recorded"] for o in observed) == 1
         assert {o["lane"] for o in observed} == {"transactional"}
+        # The lane's own asset: another lane's runs plot on theirs, not on this line.
+        assert {o["asset"] for o in observed} == {"email_platform/sends_transactional"}
 
         # The re-execution inherits the tag, and corrects it once it replayed the letter.
         with execute_job(

@@ -62,6 +62,15 @@ def test_worker_runs_end_green_after_a_clean_stop_and_red_only_for_dead_letters(
     assert sum(int(run["tags"]["email/dead_letters"]) for run in tagged) == 5
 
 
+def test_the_demo_says_its_one_red_run_is_expected_and_why(demo, webserver):
+    _, stdout = demo
+    assert "Expected: the worker run that recorded them ends FAILED" in stdout, stdout[-3000:]
+    assert "re-execute it from failure" in stdout
+    # And it is the only red run: every failed run is one holding dead letters.
+    failed = [run for run in webserver.runs() if run["status"] == "FAILURE"]
+    assert len(failed) == 1 and "email/dead_letters" in failed[0]["tags"], failed
+
+
 def test_a_worker_run_logs_each_batch_and_why_it_ended(webserver):
     critical = next(
         run
