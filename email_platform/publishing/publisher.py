@@ -174,12 +174,13 @@ def _event_row(
     if event_version is None:
         event_version = routes.default_version(event_type)
     event_version = validation.check_event_version(event_version)
-    # The declared contract first: a field the schema names is reported as the schema says.
-    schemas.check_payload(routes, event_type, event_version, clean_payload)
 
     _check_routed_fields(
         routes, event_type, event_version, clean_payload, idempotency_key or "x" * 26
     )
+    # After the routes' own checks, whose errors are the more precise (an address, a header),
+    # the declared contract: what else the schema of this version requires.
+    schemas.check_payload(routes, event_type, event_version, clean_payload)
 
     available_at = send_after or now
     if expires_at is not None and expires_at <= available_at:
@@ -232,10 +233,6 @@ def _check_routed_fields(
         raise InvalidPayloadError(
             "payload", f"cannot be upcast to the routed version of {event_type}: {exc}"
         ) from None
-    if version != published_version:  # the upcasters' output must match the routed schema
-        schemas.check_payload(
-            routes, event_type, version, payload, after=f"upcast from v{published_version}"
-        )
     event_routes = routes.for_event(event_type, version)
     for field in sorted({f for r in event_routes for f in r.header_fields}):
         validation.check_no_line_breaks(f"payload.{field}", payload.get(field))
@@ -265,6 +262,10 @@ def _check_routed_fields(
                 ) from None
             if key is not None:
                 validation.check_dedupe_key("payload", key)
+    if version != published_version:  # the upcasters' output must match the routed schema
+        schemas.check_payload(
+            routes, event_type, version, payload, after=f"upcast from v{published_version}"
+        )
 
 
 def _bound_connection(connection: Connection | Session) -> Connection:
