@@ -50,7 +50,7 @@ def test_a_payload_that_matches_its_schema_is_written(engine: Engine) -> None:
             {"items": [{"name": "Mug", "quantity": 0, "unit_price": 9.5}]},
             "payload.items[0].quantity",
             "minimum",
-        ),  # noqa: E501
+        ),
     ],
 )
 def test_a_mismatch_names_the_field_and_writes_nothing(
@@ -120,7 +120,7 @@ def test_a_v1_payload_is_checked_against_v1_and_its_upcast_against_v2(engine: En
     with engine.begin() as connection:
         publish(
             connection, event_type="user.signed_up", event_version=1, aggregate_id="u1", payload=v1
-        )  # noqa: E501
+        )
     with pytest.raises(PayloadSchemaError) as raised, engine.begin() as connection:
         publish(
             connection,
@@ -130,16 +130,27 @@ def test_a_v1_payload_is_checked_against_v1_and_its_upcast_against_v2(engine: En
             payload={**v1, "user_id": "u2", "name": 7},
         )
     assert (raised.value.field, raised.value.event_version) == ("payload.name", 1)
-    # An upcaster that makes what v2 refuses is named, not blamed on the producer's v1 payload.
-    table = demo_routes()
-    table.upcasters[("user.signed_up", 1)] = lambda p: {**p, "first_name": 1}
-    table.schemas[("user.signed_up", 1)] = {
-        k: v for k, v in table.schemas[("user.signed_up", 1)].items() if k != "examples"
-    }
-    with pytest.raises(ConfigurationError, match="no examples"), engine.begin() as connection:
+    # An upcaster that makes what v2 refuses: on its examples, the table fails its check ...
+    broken = demo_routes()
+    broken.upcasters[("user.signed_up", 1)] = lambda p: {**p, "first_name": 1}
+    with pytest.raises(ConfigurationError, match="first_name"), engine.begin() as connection:
         publish(
-            connection, event_type="order.paid", aggregate_id="o1", payload=RECEIPT, routes=table
+            connection, event_type="order.paid", aggregate_id="o1", payload=RECEIPT, routes=broken
         )
+    # ... and on a payload its examples missed, publish() names the field and the upcast.
+    edge = demo_routes()
+    edge.upcasters[("user.signed_up", 1)] = lambda p: {**p, "first_name": p["name"] or 0}
+    with pytest.raises(PayloadSchemaError) as raised, engine.begin() as connection:
+        publish(
+            connection,
+            event_type="user.signed_up",
+            event_version=1,
+            aggregate_id="u3",
+            payload={**v1, "user_id": "u3", "name": ""},
+            routes=edge,
+        )
+    assert (raised.value.field, raised.value.event_version) == ("payload.first_name", 2)
+    assert "upcast from v1" in str(raised.value)
     assert _count(engine) == 1
 
 

@@ -74,7 +74,7 @@ def test_an_upcaster_whose_output_breaks_the_next_schema_is_a_problem() -> None:
     assert len(found) == 1
     assert "upcaster of user.signed_up v1 to v2" in found[0]
     assert "payload.email" in found[0]
-    with pytest.raises(ConfigurationError, match="payload.email"):
+    with pytest.raises(ConfigurationError, match=r"payload\.email"):
         schemas.prepared(table)
 
 
