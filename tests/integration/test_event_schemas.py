@@ -162,3 +162,19 @@ def test_publish_many_names_the_event_and_the_field_and_writes_nothing(engine: E
     assert raised.value.field == "events[2].payload.currency"
     assert raised.value.rule == "pattern" and raised.value.event_type == "order.paid"
     assert _count(engine) == 0
+
+
+def test_every_event_the_demo_and_the_bench_publish_matches_its_schema(engine: Engine) -> None:
+    """The demo's own producer (v1 and v2 signups, resets, receipts, digests, an unrouted
+    cart.viewed) and the bench's backlog publish through the demo's strict table unchanged."""
+    from bench.workload import publish_backlog
+    from email_platform.local.demo import publish_demo_events
+
+    ids = publish_demo_events(engine, "s", signups=12, resets=3, receipts=3, digests=4)
+    publish_backlog(engine, 5)
+    assert _count(engine) == len(ids) + 5
+    with engine.connect() as connection:
+        versions = connection.execute(
+            select(email_outbox.c.event_type, email_outbox.c.event_version).distinct()
+        ).all()
+    assert ("user.signed_up", 1) in versions and ("cart.viewed", 1) in versions
