@@ -174,6 +174,10 @@ class RouteTable:
     #: ``publishing.schemas``'s compiled validators, filled on first use (not compared).
     _compiled: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The compiled validators are functions made at run time: rebuilt on use, not pickled.
+        return {**self.__dict__, "_compiled": {}}
+
     @property
     def declares_schemas(self) -> bool:
         return bool(self.schemas)

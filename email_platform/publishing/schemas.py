@@ -69,6 +69,19 @@ def problems(table: RouteTable) -> list[str]:
     (always, for a table that declares no schemas)."""
     if not table.declares_schemas:
         return []
+    malformed = [
+        f"schemas key {key!r} is not (event_type, version)"
+        for key in table.schemas
+        if not (
+            isinstance(key, tuple)
+            and len(key) == 2
+            and isinstance(key[0], str)
+            and isinstance(key[1], int)
+            and not isinstance(key[1], bool)
+        )
+    ]
+    if malformed:
+        return malformed
     found: list[str] = []
     validators: dict[tuple[str, int], Validator] = {}
     for (event_type, version), schema in sorted(table.schemas.items()):
@@ -129,9 +142,10 @@ def _examples(schema: EventSchema) -> list[Any]:
 def prepared(table: RouteTable) -> dict[tuple[str, int], Validator]:
     """``table``'s validators, checked as a whole on first use and cached on the table; a
     ``ConfigurationError`` listing the problems if the check fails."""
-    cache = table._compiled
+    # Rechecked when a schema is added, removed or replaced after first use.
     current = {key: id(schema) for key, schema in table.schemas.items()}
-    if cache.get("ids") != current:
+    state = table._compiled.get("state")
+    if state is None or state[0] != current:
         found = problems(table)
         if found:
             raise ConfigurationError(
@@ -139,9 +153,9 @@ def prepared(table: RouteTable) -> dict[tuple[str, int], Validator]:
                 "lists them): " + "; ".join(found)
             )
         validators = {key: compile_schema(*key, schema) for key, schema in table.schemas.items()}
-        cache.clear()
-        cache.update(ids=current, validators=validators)
-    return cache["validators"]
+        state = (current, validators)
+        table._compiled["state"] = state  # one assignment: a concurrent publish sees old or new
+    return state[1]
 
 
 def check_payload(

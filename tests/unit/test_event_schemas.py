@@ -182,3 +182,15 @@ def test_the_cli_says_what_does_not_hold() -> None:
     exported = runner.invoke(main, ["schemas", "export", "--routes", spec])
     assert exported.exit_code == 1
     assert "schemas check" in exported.output
+
+
+def test_a_malformed_key_is_a_problem_and_a_used_table_still_pickles() -> None:
+    import pickle
+
+    table = demo_routes()
+    schemas.prepared(table)  # compiled validators are cached on the table ...
+    assert pickle.loads(pickle.dumps(table)).schemas == table.schemas  # ... and not pickled
+    table.schemas[("digest.ready", "1")] = {}  # type: ignore[index]
+    assert schemas.problems(table) == [
+        "schemas key ('digest.ready', '1') is not (event_type, version)"
+    ]
