@@ -6,8 +6,10 @@ from email_platform.common.errors import (
     InvalidAddressError,
     InvalidIdempotencyKeyError,
     InvalidPayloadError,
+    PayloadSchemaError,
     PublishError,
     RateLimitedError,
+    UndeclaredEventError,
     UnknownPriorityError,
 )
 from email_platform.mail.routes import Route, RouteTable
@@ -19,10 +21,12 @@ __all__ = [
     "InvalidAddressError",
     "InvalidIdempotencyKeyError",
     "InvalidPayloadError",
+    "PayloadSchemaError",
     "PublishError",
     "RateLimitedError",
     "Route",
     "RouteTable",
+    "UndeclaredEventError",
     "UnknownPriorityError",
     "publish",
     "publish_many",

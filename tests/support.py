@@ -17,7 +17,7 @@ from email_platform import publish
 from email_platform.common.lanes import LaneConfig
 from email_platform.db.schema import dead_letters, email_attempts, email_messages, email_outbox
 from email_platform.definitions import build_definitions
-from email_platform.mail.routes import default_routes
+from email_platform.mail.routes import RouteTable, default_routes
 from email_platform.providers.base import EmailProvider
 from email_platform.resources import AppDatabase, EmailProviderResource, LanePolicy, RoutingResource
 from email_platform.sending.batch import BatchSender, build_sender
@@ -248,6 +248,17 @@ def routes_with_signup_v3():
         for r in table.routes
     ]
     table.upcasters[("user.signed_up", 2)] = lambda payload: payload
+    table.schemas[("user.signed_up", 3)] = table.schemas[("user.signed_up", 2)]
+    return table
+
+
+def routes_ahead(event_type: str, version: int) -> RouteTable:
+    """The demo's table as a producer ahead of the worker has it: it declares ``version`` of
+    ``event_type`` (the routed version's schema), which the worker's table does not route."""
+    table = default_routes()
+    current = table.current_version(event_type)
+    assert current is not None, event_type
+    table.schemas[(event_type, version)] = table.schemas[(event_type, current)]
     return table
 
 

@@ -323,6 +323,7 @@ def _add_command_groups() -> None:
     from email_platform.cli.lanes import lanes
     from email_platform.cli.metrics import metrics
     from email_platform.cli.retention import retention
+    from email_platform.cli.schemas import schemas
     from email_platform.cli.services import celery, sandbox, webhooks, workers
     from email_platform.cli.stack import stack
 
@@ -334,6 +335,7 @@ def _add_command_groups() -> None:
         metrics,
         retention,
         sandbox,
+        schemas,
         stack,
         webhooks,
         workers,

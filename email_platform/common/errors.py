@@ -23,6 +23,14 @@ class PublishError(EmailPlatformError, ValueError):
         self.field = field
         self.message = message
 
+    def with_field(self, field: str) -> "PublishError":
+        """The same error (class and attributes) naming ``field`` instead: ``publish_many``
+        says which event, ``events[3].payload.order_id``."""
+        renamed = type(self).__new__(type(self))
+        renamed.__dict__.update(self.__dict__)
+        PublishError.__init__(renamed, field, self.message)
+        return renamed
+
 
 class InvalidAddressError(PublishError):
     """An email address is not syntactically valid."""
@@ -39,6 +47,27 @@ class InvalidIdempotencyKeyError(PublishError):
 
 class InvalidPayloadError(PublishError):
     """The payload is not a JSON object, is too large, or misses a required field."""
+
+
+class PayloadSchemaError(InvalidPayloadError):
+    """The payload does not match the JSON Schema declared for its event type and version;
+    ``field`` names the value (``payload.order_id``), ``rule`` the schema keyword it breaks."""
+
+    def __init__(
+        self, field: str, message: str, *, event_type: str, event_version: int, rule: str
+    ) -> None:
+        super().__init__(field, message)
+        self.event_type = event_type
+        self.event_version = event_version
+        self.rule = rule
+
+
+class UndeclaredEventError(PublishError):
+    """The route table declares schemas, but none for this event type and version."""
+
+    def __init__(self, field: str, message: str, *, declared_versions: tuple[int, ...]) -> None:
+        super().__init__(field, message)
+        self.declared_versions = declared_versions
 
 
 class UnknownPriorityError(PublishError):

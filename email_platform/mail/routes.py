@@ -154,6 +154,8 @@ class Route:
 
 
 Upcaster = Callable[[Payload], Payload]
+#: A JSON Schema (draft 7) as plain data: what a payload of one event type and version holds.
+EventSchema = Mapping[str, Any]
 
 
 @dataclass
@@ -166,6 +168,31 @@ class RouteTable:
     #: The folder of ``<template>/v<n>/`` templates the routes name; the worker's
     #: ``RoutingResource(templates_dir=...)`` overrides it. Neither set is a configuration error.
     templates_dir: str | Path | None = None
+    #: ``(event_type, version) -> JSON Schema`` of the payload. A table that declares any is
+    #: strict: ``publish()`` refuses an event whose type and version has none (docs/schemas.md).
+    schemas: dict[tuple[str, int], EventSchema] = field(default_factory=dict)
+    #: ``publishing.schemas``'s compiled validators, filled on first use (not compared).
+    _compiled: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The compiled validators are functions made at run time: rebuilt on use, not pickled.
+        return {**self.__dict__, "_compiled": {}}
+
+    @property
+    def declares_schemas(self) -> bool:
+        return bool(self.schemas)
+
+    def schema_for(self, event_type: str, version: int) -> EventSchema | None:
+        return self.schemas.get((event_type, version))
+
+    def schema_versions(self, event_type: str) -> tuple[int, ...]:
+        return tuple(sorted(v for t, v in self.schemas if t == event_type))
+
+    def default_version(self, event_type: str) -> int:
+        """The version ``publish()`` stamps when the producer names none: the routed one, else
+        the newest declared schema's, else 1."""
+        versions = self.schema_versions(event_type)
+        return self.current_version(event_type) or (versions[-1] if versions else 1)
 
     def route(self, name: str) -> Route:
         """The route called ``name`` (``KeyError`` naming the known ones if there is none)."""
@@ -234,6 +261,84 @@ def _signed_up_v1_to_v2(payload: Payload) -> Payload:
     return payload
 
 
+#: publish() checks an address as mail systems do (email-validator); the schema says its type.
+_ADDRESS: EventSchema = {"type": "string"}
+_NAME: EventSchema = {"type": "string", "maxLength": 200}
+_ID: EventSchema = {"type": "string", "minLength": 1, "maxLength": 200}
+
+
+def _object(required: list[str], properties: dict[str, Any], example: Payload) -> EventSchema:
+    # Other fields are allowed: producers add fields before the templates read them.
+    return {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "object",
+        "required": required,
+        "properties": properties,
+        "examples": [example],
+    }
+
+
+#: The demo's event schemas, one per type and version (docs/schemas.md).
+DEMO_SCHEMAS: dict[tuple[str, int], EventSchema] = {
+    ("user.signed_up", 1): _object(
+        ["user_id", "email"],
+        {"user_id": _ID, "email": _ADDRESS, "name": _NAME},
+        {"user_id": "u1", "email": "ada@example.com", "name": "Ada Lovelace"},
+    ),
+    ("user.signed_up", 2): _object(
+        ["user_id", "email"],
+        {"user_id": _ID, "email": _ADDRESS, "first_name": _NAME},
+        {"user_id": "u1", "email": "ada@example.com", "first_name": "Ada"},
+    ),
+    ("user.password_reset_requested", 1): _object(
+        ["user_id", "reset_token"],
+        {"user_id": _ID, "reset_token": _ID},
+        {"user_id": "u1", "reset_token": "tok-1"},
+    ),
+    ("order.paid", 1): _object(
+        ["email", "order_id"],
+        {
+            "email": _ADDRESS,
+            "order_id": {"type": ["string", "integer"]},
+            "first_name": _NAME,
+            "items": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["name", "quantity", "unit_price"],
+                    "properties": {
+                        "name": _NAME,
+                        "quantity": {"type": "integer", "minimum": 1},
+                        "unit_price": {"type": "number", "minimum": 0},
+                    },
+                },
+            },
+            "total": {"type": "number", "minimum": 0},
+            "currency": {"type": "string", "pattern": "^[A-Z]{3}$"},
+        },
+        {
+            "order_id": "O-00001",
+            "email": "ada@example.com",
+            "first_name": "Ada",
+            "items": [{"name": "Mug", "quantity": 2, "unit_price": 9.5}],
+            "total": 19.0,
+            "currency": "EUR",
+        },
+    ),
+    ("digest.ready", 1): _object(
+        ["email"],
+        {
+            "email": _ADDRESS,
+            "first_name": _NAME,
+            "highlights": {"type": "array", "items": {"type": "string"}},
+        },
+        {"email": "ada@example.com", "first_name": "Ada", "highlights": ["3 new followers"]},
+    ),
+    # Declared but routed nowhere: accepted, and ignored by the worker.
+    ("cart.viewed", 1): _object([], {"cart_id": _ID}, {"cart_id": "c1"}),
+}
+
+
 def demo_routes() -> RouteTable:
     """The demo's routes and templates (``DEMO_ROUTES``): what the demo, the local stack, the
     bench and the tests choose; a deployment names its own table."""
@@ -282,6 +387,7 @@ def demo_routes() -> RouteTable:
         ],
         upcasters={("user.signed_up", 1): _signed_up_v1_to_v2},
         templates_dir=DEMO_TEMPLATES,
+        schemas=dict(DEMO_SCHEMAS),
     )
 
 

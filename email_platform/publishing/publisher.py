@@ -18,7 +18,7 @@ from email_platform.common.lanes import Lane
 from email_platform.common.timeutil import utcnow
 from email_platform.mail.routes import RouteTable, configured_routes
 from email_platform.observability import tracing
-from email_platform.publishing import guards, validation
+from email_platform.publishing import guards, schemas, validation
 from email_platform.store import outbox
 
 
@@ -112,7 +112,7 @@ def publish_many(
         try:
             rows.append(_event_row(routes, now, **fields))
         except PublishError as error:
-            raise type(error)(f"events[{index}].{error.field}", error.message) from None
+            raise error.with_field(f"events[{index}].{error.field}") from None
         except TypeError as error:  # a missing or unknown argument, as publish() would raise
             raise PublishError(f"events[{index}]", str(error)) from None
     # One event per idempotency key: a key already published (or repeated in this batch)
@@ -172,12 +172,15 @@ def _event_row(
     correlation_id = validation.check_correlation_id(correlation_id)
     producer = validation.check_producer(producer)
     if event_version is None:
-        event_version = routes.current_version(event_type) or 1
+        event_version = routes.default_version(event_type)
     event_version = validation.check_event_version(event_version)
 
     _check_routed_fields(
         routes, event_type, event_version, clean_payload, idempotency_key or "x" * 26
     )
+    # After the routes' own checks, whose errors are the more precise (an address, a header),
+    # the declared contract: what else the schema of this version requires.
+    schemas.check_payload(routes, event_type, event_version, clean_payload)
 
     available_at = send_after or now
     if expires_at is not None and expires_at <= available_at:
@@ -221,6 +224,7 @@ def _check_routed_fields(
     routes: RouteTable, event_type: str, version: int, payload: dict[str, Any], base_key: str
 ) -> None:
     """What the event's routes will read at send time, checked now on the upcast payload."""
+    published_version = version
     try:
         version, payload = routes.upcast(event_type, version, dict(payload))
     except UnknownEventVersionError:
@@ -258,6 +262,10 @@ def _check_routed_fields(
                 ) from None
             if key is not None:
                 validation.check_dedupe_key("payload", key)
+    if version != published_version:  # the upcasters' output must match the routed schema
+        schemas.check_payload(
+            routes, event_type, version, payload, after=f"upcast from v{published_version}"
+        )
 
 
 def _bound_connection(connection: Connection | Session) -> Connection:

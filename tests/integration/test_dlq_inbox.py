@@ -21,7 +21,15 @@ from email_platform.operating.retention import expire_dead_letters
 from email_platform.publishing import publisher
 from email_platform.store import dead_letters
 from tests.hostile_support import hostile_settings
-from tests.support import dead_letters_of, event, messages_of, publish_one, run_send, signup
+from tests.support import (
+    dead_letters_of,
+    event,
+    messages_of,
+    publish_one,
+    routes_ahead,
+    run_send,
+    signup,
+)
 
 RAW = ("jane+reject@example.com", "bob@example.net", "zed.q@example.org")
 
@@ -51,6 +59,7 @@ def test_list_shows_error_attempts_and_a_masked_summary(engine, database_url, sa
             event_version=3,
             aggregate_id="u2",
             payload={"user_id": "u2", "email": RAW[1], "first_name": "Bo"},
+            routes=routes_ahead("user.signed_up", 3),  # a producer ahead of the worker
         )
     assert not run_send(database_url, sandbox.base_url, "transactional", [rejected, newer]).success
     with engine.begin() as connection:  # a provider error that quotes the address it refused
@@ -184,6 +193,7 @@ def test_the_sweep_expires_only_letters_past_their_time_to_live(engine, database
             aggregate_id="c",
             payload={"email": "c@example.org"},
             expires_at=now + timedelta(days=1),
+            routes=routes_ahead("digest.ready", 9),
         )
         forever = publisher.publish(
             connection,
@@ -191,6 +201,7 @@ def test_the_sweep_expires_only_letters_past_their_time_to_live(engine, database
             event_version=9,
             aggregate_id="d",
             payload={"email": "d@example.org"},
+            routes=routes_ahead("digest.ready", 9),
         )
     ids = [route_ttl, hour, unrouted, forever]
     assert not run_send(database_url, sandbox.base_url, "bulk", ids).success

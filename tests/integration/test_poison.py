@@ -167,7 +167,8 @@ def poison_routes() -> RouteTable:
         welcome, event_type="user.imported", event_version=1, name="imported", dedupe_key=None
     )
     oversized = dataclasses.replace(oversized, template_version=2**63)
-    return dataclasses.replace(table, routes=[*table.routes, oversized])
+    schemas = {**table.schemas, ("user.imported", 1): table.schemas[("user.signed_up", 2)]}
+    return dataclasses.replace(table, routes=[*table.routes, oversized], schemas=schemas)
 
 
 def _imported(engine: Engine, user_id: str) -> str:

@@ -65,7 +65,7 @@ def test_publish_refuses_to_run_outside_a_transaction(engine):
                 connection,
                 event_type="order.paid",
                 aggregate_id="o1",
-                payload={"email": "a@example.com", "first_name": "A"},
+                payload={"email": "a@example.com", "first_name": "A", "order_id": "o1"},
             )
         assert not connection.in_transaction()
     assert _outbox_count(engine) == 0
@@ -77,7 +77,7 @@ def test_session_transaction_is_the_callers(engine):
             session,
             event_type="order.paid",
             aggregate_id="o1",
-            payload={"email": "a@example.com", "first_name": "A"},
+            payload={"email": "a@example.com", "first_name": "A", "order_id": "o1"},
         )
         session.rollback()
     assert _outbox_count(engine) == 0
@@ -86,7 +86,7 @@ def test_session_transaction_is_the_callers(engine):
             session,
             event_type="order.paid",
             aggregate_id="o1",
-            payload={"email": "a@example.com", "first_name": "A"},
+            payload={"email": "a@example.com", "first_name": "A", "order_id": "o1"},
         )
     assert _outbox_count(engine) == 1
 
@@ -99,7 +99,7 @@ def test_optional_arguments_are_stored(engine):
             connection,
             event_type="order.paid",
             aggregate_id="o1",
-            payload={"email": "a@example.com", "first_name": "A"},
+            payload={"email": "a@example.com", "first_name": "A", "order_id": "o1"},
             priority="critical",
             send_after=send_after,
             expires_at=expires_at,

@@ -13,6 +13,7 @@ from tests.support import (
     dead_letters_of,
     event,
     messages_of,
+    routes_ahead,
     run_send,
     sandbox_messages,
     signup,
@@ -68,6 +69,7 @@ def test_cli_replay_closes_an_event_level_dead_letter_once_routable(engine, data
             event_version=3,
             aggregate_id="u1",
             payload={"user_id": "u1", "email": "u1@example.com", "first_name": "Ada"},
+            routes=routes_ahead("user.signed_up", 3),  # a producer ahead of the worker
         )
     assert not run_send(database_url, sandbox.base_url, "transactional", [newer]).success
     (letter,) = dead_letters_of(engine, newer)

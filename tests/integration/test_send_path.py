@@ -25,6 +25,7 @@ from tests.support import (
     event,
     messages_of,
     product,
+    routes_ahead,
     run_send,
     sandbox_messages,
     sandbox_stats,
@@ -543,6 +544,7 @@ def test_suppressed_duplicate_ignored_and_upcast_outcomes(engine, database_url, 
             event_version=9,
             aggregate_id="u4",
             payload={"user_id": "u4", "email": "u4@example.com", "first_name": "X"},
+            routes=routes_ahead("user.signed_up", 9),  # a producer ahead of the worker
         )
     ids = [suppressed, first, duplicate, upcast, ignored, too_new]
     result = run_send(database_url, sandbox.base_url, "transactional", ids)

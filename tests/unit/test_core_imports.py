@@ -22,6 +22,7 @@ ALLOWED = {
     "greenlet",
     "typing-extensions",
     "email-validator",
+    "fastjsonschema",
     "dnspython",
     "idna",
     "importlib-metadata",

@@ -28,6 +28,7 @@ CORE_DISTRIBUTIONS = {
     "greenlet",
     "typing-extensions",
     "email-validator",
+    "fastjsonschema",
     "dnspython",
     "idna",
 }
