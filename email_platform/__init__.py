@@ -13,14 +13,20 @@ from email_platform.common.errors import (
     UnknownPriorityError,
 )
 from email_platform.mail.routes import Route, RouteTable
+from email_platform.publishing.cancelling import CancelResult, CancelStatus, cancel
+from email_platform.publishing.outcomes import Outcome, OutcomePage, read_outcomes
 from email_platform.publishing.publisher import publish, publish_many
 
 __all__ = [
+    "CancelResult",
+    "CancelStatus",
     "EventRefusedError",
     "HeaderInjectionError",
     "InvalidAddressError",
     "InvalidIdempotencyKeyError",
     "InvalidPayloadError",
+    "Outcome",
+    "OutcomePage",
     "PayloadSchemaError",
     "PublishError",
     "RateLimitedError",
@@ -28,8 +34,10 @@ __all__ = [
     "RouteTable",
     "UndeclaredEventError",
     "UnknownPriorityError",
+    "cancel",
     "publish",
     "publish_many",
+    "read_outcomes",
 ]
 __version__ = "0.1.0"
 

@@ -21,6 +21,7 @@ from email_platform.sensors.alerts import alerts_sensor
 from email_platform.sensors.analytics import analytics_job, analytics_sensors
 from email_platform.sensors.brakes import brake_sensors
 from email_platform.sensors.outbox import outbox_sensors
+from email_platform.sensors.outcomes import OutcomeHandler, make_outcomes_sensor
 from email_platform.sensors.retention import retention_jobs, retention_schedules
 from email_platform.sensors.run_failure import email_run_failure_sensor
 from email_platform.sensors.webhooks import webhook_inbox_sensor
@@ -34,9 +35,11 @@ def build_definitions(
     email_routing: RoutingResource | None = None,
     email_warehouse: Warehouse | None = None,
     email_alerts: AlertSettings | None = None,
+    outcome_handler: OutcomeHandler | str | None = None,
 ) -> Definitions:
     """Definitions with the given resources (each argument is its resource key); defaults
-    read ``EMAIL_PLATFORM_*`` at run time."""
+    read ``EMAIL_PLATFORM_*`` at run time. ``outcome_handler``: the product's callback for
+    provider outcomes (docs/outcomes.md; None: ``EMAIL_PLATFORM_OUTCOME_HANDLER``)."""
     return Definitions(
         jobs=[
             send_email_job,
@@ -53,6 +56,7 @@ def build_definitions(
             *analytics_sensors,
             *brake_sensors,
             alerts_sensor,
+            make_outcomes_sensor(outcome_handler),
         ],
         schedules=retention_schedules,
         assets=analytics_assets,

@@ -344,6 +344,9 @@ def _add_command_groups() -> None:
     from email_platform.cli.analytics import analytics  # the analyst's group: its own module
 
     main.add_command(analytics)
+    from email_platform.cli.cancel import cancel  # the producer's cancel(), for operators
+
+    main.add_command(cancel)
 
 
 _add_command_groups()

@@ -441,3 +441,12 @@ def circuit_overrides(env: Mapping[str, str] | None = None) -> dict[str, float |
 def alerts_slack_url(env: Mapping[str, str] | None = None) -> str | None:
     """A Slack-compatible incoming-webhook URL alerts are also posted to (none: log and UI only)."""
     return _env(env).get(PREFIX + "ALERTS_SLACK_URL") or None
+
+
+#: ``package.module:NAME`` of the product's outcome callback (``email_outcomes_sensor``).
+OUTCOME_HANDLER_SETTING = PREFIX + "OUTCOME_HANDLER"
+
+
+def outcome_handler_spec(env: Mapping[str, str] | None = None) -> str | None:
+    """The callback the outcome sensor hands provider outcomes to (unset: the sensor skips)."""
+    return _env(env).get(OUTCOME_HANDLER_SETTING, "").strip() or None

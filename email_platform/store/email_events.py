@@ -8,11 +8,13 @@ from sqlalchemy import Connection, Row, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from email_platform.db.schema import email_event_deletions, email_events
+from email_platform.store import outcome_feed
 from email_platform.store.bulk import rows_in
 
 
 def add(connection: Connection, values: dict[str, Any]) -> bool:
     """Store one provider event; False if (provider, provider_event_id) is already there."""
+    outcome_feed.hold_for_insert(connection)  # before the id is taken: the feed's watermark
     try:
         with connection.begin_nested():
             connection.execute(insert(email_events).values(**values))

@@ -302,14 +302,19 @@ def for_ids(connection: Connection, message_ids: Sequence[int]) -> list[Row]:
     return rows_in(connection, messages, "message_id", message_ids)
 
 
-def cancel_pending(connection: Connection, message_ids: Sequence[int], now: datetime) -> int:
+def cancel_pending(
+    connection: Connection,
+    message_ids: Sequence[int],
+    now: datetime,
+    reason: str = "cancelled: recipient erased",
+) -> int:
     total = 0
     for start in range(0, len(message_ids), 500):
         chunk = list(message_ids[start : start + 500])
         total += connection.execute(
             update(messages)
             .where(one_of(connection, messages.c.message_id, chunk), messages.c.status == PENDING)
-            .values(status=CANCELLED, updated_at=now, last_error="cancelled: recipient erased")
+            .values(status=CANCELLED, updated_at=now, last_error=reason)
         ).rowcount
     return total
 
