@@ -85,8 +85,9 @@ def _sent_and_reported(engine: Engine, database_url: str, receiver_url: str) -> 
 
         def posted() -> bool:
             stats = sandbox_stats(sandbox_url)
-            return stats["webhooks_planned"] > 0 and stats["webhooks_delivered"] == (
-                stats["webhooks_planned"]
+            return (
+                stats["webhooks_planned"] > 0
+                and stats["webhooks_delivered"] == (stats["webhooks_planned"])
             )
 
         assert _wait(posted)
@@ -99,9 +100,7 @@ def _read(engine: Engine, after: int = 0, limit: int = 500) -> OutcomePage:
         return read_outcomes(connection, after=after, limit=limit)
 
 
-def test_outcomes_come_back_with_the_event_aggregate_and_route(
-    engine, database_url, receiver_url
-):
+def test_outcomes_come_back_with_the_event_aggregate_and_route(engine, database_url, receiver_url):
     ids = _sent_and_reported(engine, database_url, receiver_url)
     page = _read(engine)
     by_event: dict[str, list[Outcome]] = {}
@@ -200,7 +199,10 @@ def test_a_cursor_skips_nothing_an_earlier_transaction_commits_later(engine):
             with engine.connect() as connection:
                 return bool(
                     connection.execute(
-                        text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+                        text(
+                            "SELECT count(*) FROM pg_locks "
+                            "WHERE locktype = 'advisory' AND NOT granted"
+                        )
                     ).scalar()
                 )
 
@@ -259,11 +261,15 @@ def test_the_sensor_hands_outcomes_at_least_once_with_stable_ids(engine, databas
     assert cursor is None  # not acknowledged: the next tick offers the same outcomes
     handed, cursor = _tick(sensor, database_url, cursor)
     assert isinstance(handed, SkipReason) and cursor is not None
-    assert handler.calls[0] == handler.calls[1] == [
-        outcome_id("sandbox", "evt_a"),
-        outcome_id("sandbox", "evt_b"),
-    ]
-    quiet, same = _tick(sensor, database_url, cursor)
+    assert (
+        handler.calls[0]
+        == handler.calls[1]
+        == [
+            outcome_id("sandbox", "evt_a"),
+            outcome_id("sandbox", "evt_b"),
+        ]
+    )
+    _, same = _tick(sensor, database_url, cursor)
     assert len(handler.calls) == 2 and same == cursor  # nothing new: the handler is not called
     _seed(engine, "c")
     _tick(sensor, database_url, cursor)
@@ -292,7 +298,7 @@ def test_the_sensor_is_registered_and_reads_its_handler_from_the_setting(
     SEEN.clear()
     monkeypatch.setenv(OUTCOME_HANDLER_SETTING, f"{__name__}:handle_nothing")
     _, cursor = _tick(sensor, database_url, None)
-    assert SEEN == [outcome_id("sandbox", "evt_d")] and cursor is not None
+    assert [outcome_id("sandbox", "evt_d")] == SEEN and cursor is not None
     # Or given to build_definitions directly.
     given = Flaky()
     given.failures = 0
