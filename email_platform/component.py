@@ -183,6 +183,13 @@ class EmailPlatformComponent(dg.Component, dg.Resolvable, dg.Model):
             "./.email_platform/warehouse.duckdb."
         ),
     )
+    outcome_handler: str | None = Field(
+        default=None,
+        description=(
+            'The callback handed provider outcomes: "package.module:NAME" (docs/outcomes.md). '
+            "Unset: EMAIL_PLATFORM_OUTCOME_HANDLER; neither, and email_outcomes_sensor skips."
+        ),
+    )
 
     @field_validator("routes")
     @classmethod
@@ -204,7 +211,9 @@ class EmailPlatformComponent(dg.Component, dg.Resolvable, dg.Model):
         return value
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        return build_definitions(**self.resources(context.path))
+        return build_definitions(
+            **self.resources(context.path), outcome_handler=self.outcome_handler
+        )
 
     def resources(self, folder: Path) -> dict:
         """The resources by key, relative paths read from ``folder`` (the defs.yaml's)."""

@@ -30,6 +30,7 @@ def test_every_job_and_sensor_resolves_with_a_description():
         "analytics_refresh_sensor",
         "bulk_brake_sensor",
         "alerts_sensor",
+        "email_outcomes_sensor",
     }
     for sensor in sensors.values():
         assert sensor.description and len(sensor.description) > 40
