@@ -12,7 +12,9 @@ from enum import StrEnum
 
 from sqlalchemy import Connection
 
+from email_platform.common.errors import PublishError
 from email_platform.common.timeutil import utcnow
+from email_platform.publishing import validation
 from email_platform.store import messages, outbox
 from email_platform.store.outbox import cancels
 
@@ -116,6 +118,10 @@ def cancel(
     given = event_id if event_id is not None else idempotency_key
     if not isinstance(given, str):
         raise TypeError(f"cancel(): expected a str, got {type(given).__name__}")
+    if not _could_name_an_event(given, by_key=idempotency_key is not None):
+        # publish() never stores such a value (NUL, lone surrogates, too long): no event has it,
+        # and it goes to no database driver, which might refuse it with an error of its own.
+        return CancelResult(CancelStatus.UNKNOWN, None)
     if idempotency_key is not None:
         event_id = outbox.first_events_with_keys(connection, [idempotency_key]).get(idempotency_key)
         if event_id is None:
@@ -156,3 +162,15 @@ def cancel(
     if sent:
         return replace(found, status=CancelStatus.ALREADY_SENT)
     return replace(found, status=CancelStatus.ALREADY_FINISHED)
+
+
+def _could_name_an_event(value: str, *, by_key: bool) -> bool:
+    """Whether ``value`` is an event id (a ULID: 26 letters and digits) or a key ``publish()``
+    accepts; anything else names no event."""
+    if not by_key:
+        return len(value) == 26 and value.isascii() and value.isalnum()
+    try:
+        validation.check_idempotency_key(value)
+    except PublishError:
+        return False
+    return True

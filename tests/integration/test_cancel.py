@@ -6,10 +6,13 @@ a lane worker never leaves an event both cancelled and sent (docs/cancel.md, inv
 import dataclasses
 import json
 import threading
+import uuid
 from datetime import timedelta
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
 from sqlalchemy import Engine, update
 
 from email_platform import CancelStatus, cancel, publish
@@ -21,6 +24,7 @@ from email_platform.providers.sandbox import SandboxProvider
 from email_platform.sandbox.server import SandboxConfig, SandboxServer
 from email_platform.sending.worker import LaneWorker
 from email_platform.store import outbox
+from tests.hostile_support import hostile_settings, hostile_text
 from tests.support import batch_sender, event, messages_of, run_send, sandbox_messages, signup
 
 
@@ -234,3 +238,19 @@ def test_cli_cancels_by_id_and_key_and_exits_1_when_nothing_was_cancelled(
     assert f"{sent}: already sent, not cancelled" in nothing.output
     assert "unknown event" in nothing.output and "cancelled 0 of 2" in nothing.output
     assert _cli(database_url).exit_code == 2  # nothing asked: a usage error
+
+
+@hostile_settings(max_examples=60)
+@given(
+    value=st.one_of(hostile_text, st.sampled_from(["", "\x00" * 26, "01J" + "\ud800" * 23])),
+    by_key=st.booleans(),
+)
+def test_any_text_gets_an_answer_never_an_exception(engine: Engine, value: str, by_key: bool):
+    pending = _later(engine, f"h{uuid.uuid4().hex[:12]}") if not by_key else None
+    kwargs = {"idempotency_key": value} if by_key else {"event_id": value}
+    with engine.begin() as connection:
+        result = cancel(connection, **kwargs)
+        assert result.status is CancelStatus.UNKNOWN
+        # The transaction is still usable, and nothing else was touched.
+        if pending is not None:
+            assert cancel(connection, event_id=pending).cancelled
