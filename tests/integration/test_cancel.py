@@ -254,3 +254,24 @@ def test_any_text_gets_an_answer_never_an_exception(engine: Engine, value: str, 
         # The transaction is still usable, and nothing else was touched.
         if pending is not None:
             assert cancel(connection, event_id=pending).cancelled
+
+
+def test_a_claim_skips_an_event_a_cancel_holds_and_both_orders_are_exclusive(engine):
+    if engine.dialect.name != "postgresql":
+        pytest.skip("SQLite serializes the two writers: the claim waits for the cancel's commit")
+    first, second = _later(engine, "u1"), _later(engine, "u2")
+    due = utcnow() + timedelta(days=2)
+    with engine.connect() as cancelling:
+        cancelling.begin()
+        assert cancel(cancelling, event_id=first).cancelled  # not committed yet
+        with engine.begin() as connection:  # a run claims while the cancel is open
+            taken = outbox.claim(connection, [first, second], run_id="run-1", lease_s=60, now=due)
+        assert [row.event_id for row in taken] == [second]  # SKIP LOCKED: not the held one
+        cancelling.commit()
+    # Claimed first, the other way round: the cancel finds it in flight and changes nothing.
+    result = _cancel(engine, event_id=second)
+    assert result.status is CancelStatus.IN_FLIGHT and result.claimed_by == "run-1"
+    assert (event(engine, first).status, event(engine, second).status) == (
+        "cancelled",
+        "in_flight",
+    )
