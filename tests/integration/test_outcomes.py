@@ -305,3 +305,18 @@ def test_the_sensor_is_registered_and_reads_its_handler_from_the_setting(
     named = build_definitions(outcome_handler=given).resolve_sensor_def("email_outcomes_sensor")
     _tick(named, database_url, None)
     assert given.calls == [[outcome_id("sandbox", "evt_d")]]
+
+
+def test_the_component_names_the_handler(engine, database_url):
+    import dagster as dg
+
+    from email_platform.component import EmailPlatformComponent
+
+    _seed(engine, "e")
+    SEEN.clear()
+    component = EmailPlatformComponent.from_attributes_dict(
+        attributes={"outcome_handler": f"{__name__}:handle_nothing"}
+    )
+    sensor = dg.component_defs(component=component).resolve_sensor_def("email_outcomes_sensor")
+    _tick(sensor, database_url, None)
+    assert [outcome_id("sandbox", "evt_e")] == SEEN
