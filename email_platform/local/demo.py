@@ -93,7 +93,13 @@ def publish_demo_events(
                         connection,
                         event_type="user.signed_up",
                         aggregate_id=user_id,
-                        payload={"user_id": user_id, "email": email, "first_name": f"User{i}"},
+                        payload={
+                            "user_id": user_id,
+                            "email": email,
+                            "first_name": f"User{i}",
+                            # Welcomes in two languages: pt_PT falls back to the pt templates.
+                            **({"locale": ("pt-BR", "pt_PT")[i % 2]} if i % 3 == 1 else {}),
+                        },
                         producer="accounts-service",
                     )
                 )
