@@ -1,0 +1,68 @@
+"""Locales through the real send path (publish -> send job -> sandbox over HTTP), on SQLite and
+PostgreSQL: each welcome goes out in the recipient's language after the fallback chain
+(``pt-BR`` -> ``pt`` -> default), the locale used is recorded on the message, and a replay
+renders the locale the message was made with.
+"""
+
+from sqlalchemy import Engine, insert
+
+from email_platform import publish
+from tests.support import messages_of, product, run_send, sandbox_messages, users
+
+
+def _signup(engine: Engine, user_id: str, locale: object) -> str:
+    payload = {"user_id": user_id, "email": f"{user_id}@example.com", "first_name": "Ana"}
+    if locale is not None:
+        payload["locale"] = locale
+    with engine.begin() as connection:
+        product.create_all(connection)
+        connection.execute(insert(users).values(id=user_id, email=payload["email"]))
+        return publish(
+            connection, event_type="user.signed_up", aggregate_id=user_id, payload=payload
+        )
+
+
+CASES = {
+    "br": ("pt_br", "pt-BR", "Boas-vindas ao Example, Ana!"),
+    "pt": ("pt-PT", "pt", "Bem-vindo ao Example, Ana!"),
+    "fr": ("fr", None, "Welcome to Example, Ana!"),
+    "none": (None, None, "Welcome to Example, Ana!"),
+}
+
+
+def test_each_welcome_is_sent_in_its_locale_and_the_locale_is_recorded(
+    engine, database_url, sandbox
+):
+    ids = {name: _signup(engine, f"loc-{name}", asked) for name, (asked, _, _) in CASES.items()}
+    result = run_send(database_url, sandbox.base_url, "transactional", list(ids.values()))
+    assert result.success
+    for name, (_, used, subject) in CASES.items():
+        (message,) = messages_of(engine, ids[name])
+        assert message.status == "sent"
+        assert message.locale == used, name
+        assert message.is_test is False
+        (seen,) = sandbox_messages(sandbox.base_url, ids[name])
+        assert seen["subject"] == subject, name
+        assert ("Olá" in seen["text"] or "Oi" in seen["text"]) == (used is not None)
+
+
+def test_a_v1_event_keeps_its_locale_through_the_upcaster(engine, database_url, sandbox):
+    with engine.begin() as connection:
+        product.create_all(connection)
+        event_id = publish(
+            connection,
+            event_type="user.signed_up",
+            event_version=1,
+            aggregate_id="old-1",
+            payload={
+                "user_id": "old-1",
+                "email": "old-1@example.com",
+                "name": "Rui Costa",
+                "locale": "pt",
+            },
+        )
+    assert run_send(database_url, sandbox.base_url, "transactional", [event_id]).success
+    (message,) = messages_of(engine, event_id)
+    assert message.locale == "pt"
+    (seen,) = sandbox_messages(sandbox.base_url, event_id)
+    assert seen["subject"] == "Bem-vindo ao Example, Rui!"
