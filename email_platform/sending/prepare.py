@@ -386,7 +386,9 @@ class Preparer:
         except TemplateRenderError as error:
             values["template_version"] = route.template_version or 0
             failures.append(error)
-        values["locale"] = locales.used_for(self.renderer, route, payload, values["template_version"])
+        values["locale"] = locales.used_for(
+            self.renderer, route, payload, values["template_version"]
+        )
         try:
             values["recipient"] = self._recipient(route, payload, lookups)
             values["recipient_domain"] = values["recipient"].rsplit("@", 1)[-1].lower()
