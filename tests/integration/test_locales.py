@@ -4,9 +4,15 @@ PostgreSQL: each welcome goes out in the recipient's language after the fallback
 renders the locale the message was made with.
 """
 
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
 from sqlalchemy import Engine, insert
 
 from email_platform import publish
+from email_platform.mail.routes import RouteTable, demo_routes
+from email_platform.resources import RoutingResource
 from tests.support import messages_of, product, run_send, sandbox_messages, users
 
 
@@ -66,3 +72,42 @@ def test_a_v1_event_keeps_its_locale_through_the_upcaster(engine, database_url, 
     assert message.locale == "pt"
     (seen,) = sandbox_messages(sandbox.base_url, event_id)
     assert seen["subject"] == "Bem-vindo ao Example, Rui!"
+
+
+def lookup_routes() -> RouteTable:
+    """The demo's table with the welcome's locale looked up at send time (a preferences
+    service): the payload's own locale still wins; a lookup that fails means the default."""
+    table = demo_routes()
+
+    def preferred(payload: Mapping[str, Any]) -> str | None:
+        if payload["user_id"] == "look-down":
+            raise ConnectionError("preferences service down")
+        return {"look-br": "pt_BR", "look-bad": "pt\r\nBcc: x@example.com"}.get(payload["user_id"])
+
+    table.routes = [
+        replace(r, locale_lookup=preferred) if r.name == "welcome" else r for r in table.routes
+    ]
+    return table
+
+
+def test_a_locale_lookup_answers_at_send_time_and_its_failures_send_the_default(
+    engine, database_url, sandbox
+):
+    cases = {
+        "look-br": (None, "pt-BR"),
+        "look-own": ("pt", "pt"),  # the payload's field before the lookup
+        "look-down": (None, None),
+        "look-bad": (None, None),
+        "look-none": (None, None),
+    }
+    ids = {user: _signup(engine, user, asked) for user, (asked, _) in cases.items()}
+    routing = RoutingResource(routes_factory="tests.integration.test_locales:lookup_routes")
+    result = run_send(
+        database_url, sandbox.base_url, "transactional", list(ids.values()), routing=routing
+    )
+    assert result.success
+    for user, (_, used) in cases.items():
+        (message,) = messages_of(engine, ids[user])
+        assert (message.status, message.locale) == ("sent", used), user
+        (seen,) = sandbox_messages(sandbox.base_url, ids[user])
+        assert seen["subject"].startswith("Welcome") == (used is None), user
