@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, insert, select
 
 from email_platform import warehouse
 from email_platform.cli import main
-from email_platform.db.schema import email_attempts, email_messages
+from email_platform.db.schema import email_attempts, email_events, email_messages
 from email_platform.mail.routes import DEMO_ROUTES
 from tests.support import event, messages_of, run_send, sandbox_messages, signup
 
@@ -110,19 +110,16 @@ def test_send_test_sends_one_message_recorded_as_a_test_and_out_of_the_funnel(
     engine: Engine, database_url: str, sandbox, tmp_path: Path
 ) -> None:
     env = _send_env(database_url, sandbox.base_url)
-    # A real welcome too, in Portuguese: the funnel keeps it, with its locale.
+    # A real welcome too: the funnel keeps it. The warehouse has it before the test is sent,
+    # so the test send reaches it by an incremental refresh, as in a running deployment.
     real = signup(engine, "real-1")
+    assert run_send(database_url, sandbox.base_url, "transactional", [real]).success
+    path = tmp_path / "warehouse.duckdb"
+    warehouse.refresh(database_url, path)
     sent = _invoke(
-        "templates",
-        "send-test",
-        "welcome",
-        "--to",
-        "qa@example.com",
-        "--payload",
-        _file(tmp_path, json.dumps(PAYLOAD)),
-        "--json",
-        env=env,
-    )
+        "templates", "send-test", "welcome", "--to", "qa@example.com",
+        "--payload", _file(tmp_path, json.dumps(PAYLOAD)), "--json", env=env,
+    )  # fmt: skip
     assert sent.exit_code == 0, sent.output
     answer = json.loads(sent.output)
     (seen,) = sandbox_messages(sandbox.base_url, answer["event_id"])
@@ -140,34 +137,50 @@ def test_send_test_sends_one_message_recorded_as_a_test_and_out_of_the_funnel(
             select(email_attempts).where(email_attempts.c.message_id == message.message_id)
         ).all()
     assert attempt.outcome == "accepted"
+    # The provider's webhooks about the test (delivered, opened) are stored like any others.
+    with engine.begin() as connection:
+        for kind in ("delivered", "opened"):
+            connection.execute(
+                insert(email_events).values(
+                    provider="sandbox",
+                    provider_event_id=f"{seen['id']}:{kind}",
+                    event_type=kind,
+                    occurred_at=message.sent_at,
+                    received_at=message.sent_at,
+                    event_id=answer["event_id"],
+                    message_id=message.message_id,
+                    provider_message_id=seen["id"],
+                    recipient_domain="example.com",
+                )
+            )
 
     traced = _invoke("trace", answer["event_id"], env=env)
-    assert (
-        traced.exit_code == 0 and "TEST SEND" in traced.output and "locale=pt-BR" in traced.output
-    )
+    assert traced.exit_code == 0, traced.output
+    assert "TEST SEND" in traced.output and "locale=pt-BR" in traced.output
     assert "(test)" in traced.output
 
-    assert run_send(database_url, sandbox.base_url, "transactional", [real]).success
-    path = tmp_path / "warehouse.duckdb"
-    warehouse.refresh(database_url, path, full=True)
-    connection = warehouse.connect_read_only(path)
-    try:
-        funnel = connection.execute("SELECT event_id, locale FROM email_funnel").fetchall()
-        in_views = {
-            view: connection.execute(
-                f"SELECT count(*) FROM {view} WHERE event_id = ?", [answer["event_id"]]
-            ).fetchone()[0]
-            for view in ("stg_sends", "stg_events", "stg_attempts", "stg_provider_events")
-        }
-        raw = connection.execute(
-            "SELECT is_test, locale FROM raw_email_messages WHERE event_id = ?",
-            [answer["event_id"]],
-        ).fetchall()
-    finally:
-        connection.close()
-    assert funnel == [(real, None)]
-    assert in_views == dict.fromkeys(in_views, 0)
-    assert raw == [(True, "pt-BR")]  # loaded, and left out by the views
+    for full in (False, True):  # the incremental refresh, then a rebuild: the same answer
+        warehouse.refresh(database_url, path, full=full)
+        connection = warehouse.connect_read_only(path)
+        try:
+            funnel = connection.execute("SELECT event_id, locale FROM email_funnel").fetchall()
+            daily = connection.execute("SELECT sum(messages) FROM email_funnel_daily").fetchone()
+            in_views = {
+                view: connection.execute(
+                    f"SELECT count(*) FROM {view} WHERE event_id = ?", [answer["event_id"]]
+                ).fetchone()[0]
+                for view in ("stg_sends", "stg_events", "stg_attempts", "stg_provider_events")
+            }
+            raw = connection.execute(
+                "SELECT is_test, locale FROM raw_email_messages WHERE event_id = ?",
+                [answer["event_id"]],
+            ).fetchall()
+        finally:
+            connection.close()
+        assert funnel == [(real, None)], full
+        assert daily == (1,), full
+        assert in_views == dict.fromkeys(in_views, 0), full
+        assert raw == [(True, "pt-BR")], full  # loaded, and left out by the views
 
 
 def test_send_test_defaults_to_the_schema_example_and_names_a_refusal(
