@@ -12,8 +12,16 @@ from sqlalchemy import Engine, insert
 
 from email_platform import publish
 from email_platform.mail.routes import RouteTable, demo_routes
+from email_platform.operating.admin import requeue_dead_letters
 from email_platform.resources import RoutingResource
-from tests.support import messages_of, product, run_send, sandbox_messages, users
+from tests.support import (
+    dead_letters_of,
+    messages_of,
+    product,
+    run_send,
+    sandbox_messages,
+    users,
+)
 
 
 def _signup(engine: Engine, user_id: str, locale: object) -> str:
@@ -111,3 +119,29 @@ def test_a_locale_lookup_answers_at_send_time_and_its_failures_send_the_default(
         assert (message.status, message.locale) == ("sent", used), user
         (seen,) = sandbox_messages(sandbox.base_url, ids[user])
         assert seen["subject"].startswith("Welcome") == (used is None), user
+
+
+def no_locale_routes() -> RouteTable:
+    """The demo's table after its welcome stopped reading a locale."""
+    table = demo_routes()
+    table.routes = [
+        replace(r, locale_field=None) if r.name == "welcome" else r for r in table.routes
+    ]
+    return table
+
+
+def test_a_replay_renders_the_locale_the_message_was_made_with(engine, database_url, sandbox):
+    # Refused once by the provider (a permanent 422), then accepted.
+    event_id = _signup(engine, "loc+rejectx1", "pt-BR")
+    assert not run_send(database_url, sandbox.base_url, "transactional", [event_id]).success
+    letters = dead_letters_of(engine, event_id)
+    assert [letter.reason for letter in letters] == ["provider_rejected"]
+    requeue_dead_letters(engine, letters)
+    routing = RoutingResource(routes_factory="tests.integration.test_locales:no_locale_routes")
+    assert run_send(
+        database_url, sandbox.base_url, "transactional", [event_id], routing=routing
+    ).success
+    (message,) = messages_of(engine, event_id)
+    assert (message.status, message.locale) == ("sent", "pt-BR")
+    (seen,) = sandbox_messages(sandbox.base_url, event_id)
+    assert seen["subject"] == "Boas-vindas ao Example, Ana!"
