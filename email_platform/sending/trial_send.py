@@ -22,7 +22,7 @@ from email_platform.mail import locales
 from email_platform.mail.rendering import RenderedEmail, TemplateRenderer
 from email_platform.mail.routes import Route, RouteTable
 from email_platform.providers.base import EmailProvider, OutgoingEmail
-from email_platform.publishing.validation import check_address
+from email_platform.publishing.validation import check_address, check_payload
 from email_platform.store import attempts, messages, outbox
 
 #: The outbox resolution and message flag that mark a test send (the warehouse leaves both out).
@@ -59,6 +59,8 @@ def render_for(
 ) -> RenderedEmail:
     """What ``route`` sends for ``payload`` (already at the routed version), as the send path
     renders it; ``locale`` (checked: ``InvalidLocaleError``) replaces the route's own."""
+    if route.locale_field and not locale:  # refused as publish() refuses it
+        locales.check_locale(f"payload.{route.locale_field}", payload.get(route.locale_field))
     asked = locales.check_locale("locale", locale) if locale else locales.requested(route, payload)
     version = route.template_version or renderer.latest_version(route.template)
     return renderer.render(route.template, version, dict(payload), asked)
@@ -84,7 +86,8 @@ def send_test(
     """
     route = routes.route(route_name)
     address = check_address("to", to)
-    data = dict(example_payload(routes, route) if payload is None else payload)
+    # Stored in the outbox like a published payload, so checked like one.
+    data = check_payload(example_payload(routes, route) if payload is None else payload)
     data[route.recipient_field or "email"] = address
     rendered = render_for(routes, renderer, route, data, locale)
     now = utcnow()

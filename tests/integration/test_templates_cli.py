@@ -78,6 +78,7 @@ def test_render_locale_option_follows_the_fallback_chain(
             "not a language tag",
         ),
         (["welcome", "--locale", "../../etc"], json.dumps(PAYLOAD), "not a language tag"),
+        (["welcome"], json.dumps({**PAYLOAD, "locale": "pt\r\nX: y"}), "payload.locale"),
     ],
 )
 def test_render_says_what_is_wrong_without_a_traceback(
@@ -208,11 +209,18 @@ def test_send_test_defaults_to_the_schema_example_and_names_a_refusal(
         (["welcome", "--to", "qa@example.com\r\nBcc: x@example.com"], "to:"),
         (["welcome", "--to", "not-an-address"], "to:"),
         (["welcome", "--to", "qa@example.com", "--locale", "x y"], "not a language tag"),
+        (["welcome", "--to", "qa@example.com", "--payload", "NUL"], "payload.first_name"),
+        (["welcome", "--to", "qa@example.com", "--payload", "LOCALE"], "payload.locale"),
     ],
 )
 def test_send_test_refuses_before_writing_or_sending(
-    engine: Engine, database_url: str, sandbox, args: list[str], says: str
+    engine: Engine, database_url: str, sandbox, tmp_path: Path, args: list[str], says: str
 ) -> None:
+    payloads = {
+        "NUL": {**PAYLOAD, "first_name": "Ana\x00"},  # PostgreSQL's JSON cannot store it
+        "LOCALE": {**PAYLOAD, "locale": "pt\r\nBcc: x@example.com"},
+    }
+    args = [_file(tmp_path, json.dumps(payloads[arg])) if arg in payloads else arg for arg in args]
     result = _invoke("templates", "send-test", *args, env=_send_env(database_url, sandbox.base_url))
     assert result.exit_code != 0 and says in result.output, result.output
     assert sandbox_messages(sandbox.base_url) == []
