@@ -84,7 +84,8 @@ steps AS (
         dl.dead_letter_status,
         e.trace_id,
         e.correlation_id,
-        e.producer
+        e.producer,
+        s.locale
     FROM stg_sends AS s
     LEFT JOIN stg_events AS e USING (event_id)
     LEFT JOIN attempts AS a USING (message_id)

@@ -17,3 +17,5 @@ SELECT
     correlation_id,  -- the publisher's own request id, if it gave one
     producer         -- the publishing service, if it said
 FROM raw_email_outbox
+-- A test send's event (templates send-test) is no product event.
+WHERE resolution IS DISTINCT FROM 'test'

@@ -17,3 +17,6 @@ SELECT
     click_url,
     coalesce(machine_open, false) AS is_machine_open
 FROM raw_email_events
+-- A test send's provider events (templates send-test) are left out, as its message is.
+WHERE message_id IS NULL
+    OR message_id NOT IN (SELECT message_id FROM raw_email_messages WHERE is_test)

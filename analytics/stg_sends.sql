@@ -1,5 +1,6 @@
 -- stg_sends: one row per message (an event x route) and what became of it.
 -- Grain: message_id. accepted_at is when the provider accepted the message (status 'sent').
+-- Test sends (email-platform templates send-test) are left out here, so out of the funnel.
 SELECT
     message_id,
     event_id,
@@ -16,5 +17,7 @@ SELECT
     created_at,
     updated_at,
     sent_at AS accepted_at,
-    delivery_updated_at
+    delivery_updated_at,
+    locale            -- the locale whose templates rendered it (pt-BR, pt); null = default
 FROM raw_email_messages
+WHERE NOT coalesce(is_test, false)

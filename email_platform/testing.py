@@ -130,6 +130,7 @@ def render(
     routes: RouteTable | None = None,
     templates_dir: str | Path | None = None,
     event_version: int | None = None,
+    locale: str | None = None,
 ) -> "RenderedEmail":
     """The mail ``route`` (a name in the table, or a ``Route``) sends for ``payload``: its
     ``subject``, ``text`` and ``html``, rendered as the send path renders, nothing sent.
@@ -137,8 +138,11 @@ def render(
     ``routes`` defaults to the configured table (``EMAIL_PLATFORM_ROUTES``), ``templates_dir`` to
     the table's own. With ``event_version``, the payload is first upcast from that version to the
     routed one, as the worker does. Raises ``TemplateRenderError`` as the send path would (a
-    missing template or variable, a subject with a line break in it).
+    missing template or variable, a subject with a line break in it). The locale is the
+    route's (its payload field or lookup) unless ``locale`` names one (``InvalidLocaleError``
+    if it is not a tag); the result's ``locale`` says which templates rendered it.
     """
+    from email_platform.mail import locales
     from email_platform.mail.rendering import TemplateRenderer
 
     table = configured_routes() if routes is None else routes
@@ -149,7 +153,8 @@ def render(
     directory = templates_dir or table.templates_dir
     if directory is None:
         raise ValueError("the route table names no templates_dir: pass templates_dir=...")
-    return TemplateRenderer(directory).render(chosen.template, chosen.template_version, data)
+    asked = locales.check_locale("locale", locale) if locale else locales.requested(chosen, data)
+    return TemplateRenderer(directory).render(chosen.template, chosen.template_version, data, asked)
 
 
 def _event(row: Mapping[str, Any]) -> PublishedEvent:

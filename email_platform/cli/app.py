@@ -176,6 +176,8 @@ def _echo_trace(chain: dict[str, Any]) -> None:
             f"delivery={message.get('delivery_status') or '-'} "
             f"provider={message.get('provider') or '-'} provider_id={provider_id or '-'} "
             f"sent {message.get('sent_at') or '-'} key={message['idempotency_key']}"
+            + (f" locale={message['locale']}" if message.get("locale") else "")
+            + (" TEST SEND (not in the funnel)" if message.get("is_test") else "")
         )
         for attempt in message["attempts"]:
             # A failover attempt's error names the provider that took it ("via ... (failover)").
@@ -326,6 +328,7 @@ def _add_command_groups() -> None:
     from email_platform.cli.schemas import schemas
     from email_platform.cli.services import celery, sandbox, webhooks, workers
     from email_platform.cli.stack import stack
+    from email_platform.cli.templates import templates
 
     for command in (
         celery,
@@ -337,6 +340,7 @@ def _add_command_groups() -> None:
         sandbox,
         schemas,
         stack,
+        templates,
         webhooks,
         workers,
     ):

@@ -14,6 +14,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
 )
 
 metadata = MetaData()
@@ -100,6 +101,10 @@ email_messages = Table(
     # arrival order ends in the same state and a late "delivered" never hides a bounce.
     Column("delivery_status", String(20)),
     Column("delivery_updated_at", DateTime(timezone=True)),
+    # Migration 0012: the locale whose templates rendered it (after fallback; null = default),
+    # and a test send (``templates send-test``), which the warehouse's funnel leaves out.
+    Column("locale", String(35)),
+    Column("is_test", Boolean, nullable=False, server_default=false()),
     UniqueConstraint("event_id", "route", name="uq_email_messages_event_route"),
 )
 Index("ix_email_messages_status", email_messages.c.status)

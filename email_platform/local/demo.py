@@ -93,7 +93,13 @@ def publish_demo_events(
                         connection,
                         event_type="user.signed_up",
                         aggregate_id=user_id,
-                        payload={"user_id": user_id, "email": email, "first_name": f"User{i}"},
+                        payload={
+                            "user_id": user_id,
+                            "email": email,
+                            "first_name": f"User{i}",
+                            # Welcomes in two languages: pt_PT falls back to the pt templates.
+                            **({"locale": ("pt-BR", "pt_PT")[i % 2]} if i % 3 == 1 else {}),
+                        },
                         producer="accounts-service",
                     )
                 )
@@ -241,6 +247,10 @@ def summarize(engine: Engine, event_ids: list[str]) -> dict:
             if e.event_type == "opened"
         ),
         "new_suppressions": new_suppressions,
+        # The welcome in two languages: the locale each sent welcome was rendered in.
+        "welcome_locales": Counter(
+            m.locale or "default" for m in msgs if m.route == "welcome" and m.status == "sent"
+        ),
     }
 
 
@@ -445,6 +455,11 @@ def _print_report(report: dict, elapsed: float, dagster_home: Path) -> None:
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         click.echo(f"  {name:<{width}}  {value:>5}")
+    if report["welcome_locales"]:
+        click.echo(
+            "  welcomes sent by locale: "
+            + ", ".join(f"{k}={v}" for k, v in sorted(report["welcome_locales"].items()))
+        )
     if report["dead_letters"]:
         click.echo(
             "  dead letters by reason: "

@@ -1,6 +1,8 @@
 """Template rendering: Jinja2 in strict-undefined mode, versioned templates, cached.
 
-Layout: ``templates/<name>/v<version>/{subject.txt,text.txt,html.html}``. A missing variable,
+Layout: ``templates/<name>/v<version>/{subject.txt,text.txt,html.html}``, and per locale
+``templates/<name>/v<version>/<locale>/`` with the same files (``mail.locales``: the first of
+``pt-BR`` -> ``pt`` -> the unlocalized files that exists is used). A missing variable,
 a syntax error or a subject with a line break is a ``TemplateRenderError`` (permanent: no retry
 will fix it; a template fix plus a replay will).
 """
@@ -15,6 +17,7 @@ import jinja2
 
 from email_platform.common.errors import TemplateRenderError
 from email_platform.common.text import text_problem
+from email_platform.mail import locales
 from email_platform.mail.headers import unsafe_header_reason
 
 PACKAGE_TEMPLATES = Path(__file__).parents[1] / "templates"
@@ -37,6 +40,8 @@ class RenderedEmail:
     html: str | None
     template: str
     template_version: int
+    #: The locale whose files rendered it (after fallback); None for the unlocalized ones.
+    locale: str | None = None
 
 
 class TemplateRenderer:
@@ -63,7 +68,8 @@ class TemplateRenderer:
             autoescape=True,
         )
         self._latest = cache(self._find_latest_version)
-        self._compiled: dict[tuple[str, int], _Compiled] = {}
+        self._compiled: dict[tuple[str, int, str | None], _Compiled] = {}
+        self._locales = cache(self._find_locale)
 
     def _find_latest_version(self, template: str) -> int:
         root = self.directory / template
@@ -81,11 +87,34 @@ class TemplateRenderer:
     def latest_version(self, template: str) -> int:
         return self._latest(template)
 
-    def render(self, template: str, version: int | None, context: dict[str, Any]) -> RenderedEmail:
+    def _find_locale(self, template: str, version: int, tag: str | None) -> str | None:
+        # Normalized again: a tag from anywhere never names a path outside the version.
+        for candidate in locales.fallback_chain(locales.normalize(tag) if tag else None):
+            if (self.directory / template / f"v{version}" / candidate / "subject.txt").is_file():
+                return candidate
+        return None
+
+    def resolve_locale(self, template: str, version: int, tag: str | None) -> str | None:
+        """The locale of ``tag``'s fallback chain that ``template`` v``version`` has files
+        for, or None for the unlocalized files (``tag`` is a normalized tag or None)."""
+        return self._locales(template, version, tag)
+
+    def render(
+        self,
+        template: str,
+        version: int | None,
+        context: dict[str, Any],
+        locale: str | None = None,
+    ) -> RenderedEmail:
         version = version or self.latest_version(template)
-        base = f"{template}/v{version}"
+        # A locale is a directory of its own complete files: no part falls back alone, so one
+        # mail never mixes two languages.
+        used = self.resolve_locale(template, version, locale) if locale else None
+        base = f"{template}/v{version}" + (f"/{used}" if used else "")
         try:
-            compiled = self._compiled.get((template, version)) or self._load(template, version)
+            compiled = self._compiled.get((template, version, used)) or self._load(
+                template, version, used
+            )
             subject = compiled.subject.render(context).strip()
             text = compiled.text.render(context)
             html = compiled.html.render(context) if compiled.html is not None else None
@@ -109,12 +138,17 @@ class TemplateRenderer:
                     f"{base}: rendered {part} {problem}", code="unencodable_text"
                 )
         return RenderedEmail(
-            subject=subject, text=text, html=html, template=template, template_version=version
+            subject=subject,
+            text=text,
+            html=html,
+            template=template,
+            template_version=version,
+            locale=used,
         )
 
-    def _load(self, template: str, version: int) -> _Compiled:
+    def _load(self, template: str, version: int, locale: str | None = None) -> _Compiled:
         """Compile one version's parts; raises Jinja's errors (nothing is cached on failure)."""
-        base = f"{template}/v{version}"
+        base = f"{template}/v{version}" + (f"/{locale}" if locale else "")
         html_path = self.directory / base / "html.html"
         compiled = _Compiled(
             subject=_flat_globals(self._text_env.get_template(f"{base}/subject.txt")),
@@ -123,7 +157,7 @@ class TemplateRenderer:
             if html_path.exists()
             else None,
         )
-        self._compiled[(template, version)] = compiled
+        self._compiled[(template, version, locale)] = compiled
         return compiled
 
 

@@ -19,6 +19,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from email_platform.common import config
 from email_platform.common.errors import ConfigurationError, UnknownEventVersionError
 from email_platform.common.lanes import Lane
+from email_platform.mail.locales import LocaleLookup
 
 #: The setting that names the route table (``config.ROUTES_SETTING``).
 ROUTES_SETTING = config.ROUTES_SETTING
@@ -139,6 +140,10 @@ class Route:
     authorize: Authorizer | None = None
     #: Mail due inside this daily window waits until it ends (not on the critical lane).
     quiet_hours: QuietHours | None = None
+    #: Payload field holding the recipient's locale (``pt-BR``), checked at ``publish()`` ...
+    locale_field: str | None = None
+    #: ... or ``payload -> locale`` asked at send time (docs/locales.md).
+    locale_lookup: LocaleLookup | None = None
 
     @property
     def honours_unsubscribe(self) -> bool:
@@ -265,6 +270,8 @@ def _signed_up_v1_to_v2(payload: Payload) -> Payload:
 _ADDRESS: EventSchema = {"type": "string"}
 _NAME: EventSchema = {"type": "string", "maxLength": 200}
 _ID: EventSchema = {"type": "string", "minLength": 1, "maxLength": 200}
+#: publish() checks the tag itself (mail.locales); null or absent means the default language.
+_LOCALE: EventSchema = {"type": ["string", "null"], "maxLength": 35}
 
 
 def _object(required: list[str], properties: dict[str, Any], example: Payload) -> EventSchema:
@@ -287,8 +294,8 @@ DEMO_SCHEMAS: dict[tuple[str, int], EventSchema] = {
     ),
     ("user.signed_up", 2): _object(
         ["user_id", "email"],
-        {"user_id": _ID, "email": _ADDRESS, "first_name": _NAME},
-        {"user_id": "u1", "email": "ada@example.com", "first_name": "Ada"},
+        {"user_id": _ID, "email": _ADDRESS, "first_name": _NAME, "locale": _LOCALE},
+        {"user_id": "u1", "email": "ada@example.com", "first_name": "Ada", "locale": "pt-BR"},
     ),
     ("user.password_reset_requested", 1): _object(
         ["user_id", "reset_token"],
@@ -353,6 +360,8 @@ def demo_routes() -> RouteTable:
                 ttl_s=3 * 24 * 3600,
                 header_fields=("first_name",),
                 dedupe_key="{user_id}",
+                # Portuguese for pt-BR and pt (email_platform/templates/welcome/v1/pt*/).
+                locale_field="locale",
             ),
             Route(
                 name="password_reset",

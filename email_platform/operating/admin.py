@@ -165,6 +165,8 @@ _REQUEST_MESSAGE_FIELDS = (
     "provider",
     "provider_message_id",
     "sent_at",
+    "locale",
+    "is_test",
 )
 
 

@@ -16,6 +16,7 @@ from email_platform.common.errors import (
 from email_platform.common.ids import new_ulid
 from email_platform.common.lanes import Lane
 from email_platform.common.timeutil import utcnow
+from email_platform.mail import locales
 from email_platform.mail.routes import RouteTable, configured_routes
 from email_platform.observability import tracing
 from email_platform.publishing import guards, schemas, validation
@@ -247,6 +248,8 @@ def _check_routed_fields(
             raise InvalidPayloadError(
                 f"payload.{lookup}", f"is required by route {route.name} to look the recipient up"
             )
+        if route.locale_field:
+            locales.check_locale(f"payload.{route.locale_field}", payload.get(route.locale_field))
         validation.check_message_key("idempotency_key", base_key, route.name)
         if route.dedupe_key:
             try:

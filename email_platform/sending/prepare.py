@@ -23,7 +23,7 @@ from email_platform.common.lanes import Lane, LaneConfig
 from email_platform.common.text import text_problem
 from email_platform.common.timeutil import as_utc, utcnow
 from email_platform.db.schema import email_messages
-from email_platform.mail import unsubscribe
+from email_platform.mail import locales, unsubscribe
 from email_platform.mail.recipients import RecipientResolver
 from email_platform.mail.rendering import TemplateRenderer
 from email_platform.mail.routes import Route, RouteTable
@@ -251,7 +251,7 @@ class Preparer:
                         else tracing.NO_SPAN
                     ) as render_span:
                         rendered = self.renderer.render(
-                            route.template, message.template_version, payload
+                            route.template, message.template_version, payload, message.locale
                         )
                 except Exception as exc:  # a template error, or whatever a filter raised
                     error = (
@@ -386,6 +386,9 @@ class Preparer:
         except TemplateRenderError as error:
             values["template_version"] = route.template_version or 0
             failures.append(error)
+        values["locale"] = locales.used_for(
+            self.renderer, route, payload, values["template_version"]
+        )
         try:
             values["recipient"] = self._recipient(route, payload, lookups)
             values["recipient_domain"] = values["recipient"].rsplit("@", 1)[-1].lower()

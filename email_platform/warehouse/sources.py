@@ -94,6 +94,10 @@ SOURCES: tuple[Source, ...] = (
             ("sent_at", TS),
             ("delivery_status", "VARCHAR"),
             ("delivery_updated_at", TS),
+            # Added later (migration 0012), last like the outbox's: the locale that rendered
+            # it and whether it was a test send (left out by the stg_* views).
+            ("locale", "VARCHAR"),
+            ("is_test", "BOOLEAN"),
         ),
         ("updated_at", "delivery_updated_at"),
     ),

@@ -140,6 +140,8 @@ def write_fixture(engine: Engine, provider_events: list = PROVIDER_EVENTS) -> No
                     "created_at": when(created),
                     "updated_at": when(sent_at or created + 5),
                     "sent_at": when(sent_at),
+                    # The welcome of E1 went out in Portuguese (the locale after fallback).
+                    "locale": "pt-BR" if mid == 1 else None,
                 }
                 for (
                     mid,
@@ -237,7 +239,7 @@ FUNNEL_COLUMNS = [
     "unsubscribed_at", "first_machine_open_at", "dead_lettered_at", "final_status",
     "delivery_status", "attempts", "open_count", "machine_open_count", "click_count",
     "dead_letter_reason", "dead_letter_status", "trace_id", "correlation_id", "producer",
-    "publish_delay_s", "queue_delay_s",
+    "locale", "publish_delay_s", "queue_delay_s",
     "send_duration_s", "event_to_accepted_s", "delivery_delay_s", "time_to_open_s",
     "time_to_click_s", "time_to_bounce_s",
 ]  # fmt: skip
@@ -250,7 +252,7 @@ EXPECTED_FUNNEL = [
         event_occurred_at=ts(0), published_at=ts(1), created_at=ts(2), first_attempt_at=ts(5),
         accepted_at=ts(10), delivered_at=ts(20), first_open_at=ts(50), first_click_at=ts(150),
         first_machine_open_at=ts(30), final_status="sent", attempts=2,
-        open_count=2, machine_open_count=1, click_count=2,
+        open_count=2, machine_open_count=1, click_count=2, locale="pt-BR",
         publish_delay_s=1.0, queue_delay_s=4.0, send_duration_s=5.0, event_to_accepted_s=10.0,
         delivery_delay_s=10.0, time_to_open_s=40.0, time_to_click_s=140.0,
     ),
@@ -851,6 +853,7 @@ def test_question_files_run_read_only_against_the_snapshot(loaded):
         "bounce_rate_by_domain",
         "dead_letters_by_reason",
         "funnel_by_template",
+        "open_rate_by_locale",
         "rates_by_template_last_7_days",
         "time_to_open_distribution",
         "welcome_open_rate_last_7_days",
@@ -874,6 +877,9 @@ def test_question_files_run_read_only_against_the_snapshot(loaded):
     assert by_domain.loc["gmail.com", "hard_bounce_rate"] == 1.0
     assert by_domain.loc["example.com", "bounce_rate"] == 0.0
     assert not answers["time_to_open_distribution"].empty
+    by_locale = answers["open_rate_by_locale"].set_index(["template", "locale"])
+    assert by_locale.loc[("welcome", "pt-BR"), "open_rate"] == 1.0
+    assert by_locale.loc[("welcome", "default"), "messages"] == 1  # E5, suppressed
 
 
 def test_funnel_report_for_the_demo(loaded):

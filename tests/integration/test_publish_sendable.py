@@ -34,6 +34,7 @@ from email_platform.common.classify import classify_exception
 from email_platform.common.errors import DeliveryError, PublishError, TemplateRenderError
 from email_platform.db.engine import make_engine, upgrade
 from email_platform.db.schema import email_outbox
+from email_platform.mail import locales
 from email_platform.mail.rendering import TemplateRenderer
 from email_platform.mail.routes import default_routes
 from email_platform.providers.base import Accepted, EmailProvider, OutgoingEmail
@@ -168,7 +169,9 @@ def _published(engine: Engine, kwargs: dict[str, Any]) -> list[OutgoingEmail] | 
     emails = []
     for route in ROUTES.for_event(row.event_type, version):
         try:
-            rendered = RENDERER.render(route.template, None, payload)
+            version = RENDERER.latest_version(route.template)
+            locale = locales.used_for(RENDERER, route, payload, version)
+            rendered = RENDERER.render(route.template, version, payload, locale)
         except TemplateRenderError:
             continue  # dead-lettered as template_error: a named cause, not the adapter's
         emails.append(
@@ -224,6 +227,14 @@ _local = st.one_of(
 )
 
 
+#: The welcome route's payload locale: tags in any case and separator, and what is not one.
+_locale_values = st.one_of(
+    st.sampled_from(["pt-BR", "pt_br", "PT", "pt-PT", "zh-Hant-TW", "en", "", None]),
+    st.sampled_from(["pt-BR\r\nBcc: x@example.com", "pt/../../etc", "ptèBR", "p" * 40, 7]),
+    _any_text,
+)
+
+
 def _inputs(domains: list[str]) -> st.SearchStrategy[dict[str, Any]]:
     recipient = st.builds(
         lambda local, domain: f"{local}@{domain}", _local, st.sampled_from(domains)
@@ -238,7 +249,8 @@ def _inputs(domains: list[str]) -> st.SearchStrategy[dict[str, Any]]:
             "total": st.just(12.5),
             "items": st.just([{"name": "Tea", "quantity": 1, "unit_price": 12.5}]),
             "highlights": st.lists(_any_text, max_size=2),
-        }
+        },
+        optional={"locale": _locale_values},
     )
     return st.fixed_dictionaries(
         {
