@@ -19,6 +19,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from email_platform.common import config
 from email_platform.common.errors import ConfigurationError, UnknownEventVersionError
 from email_platform.common.lanes import Lane
+from email_platform.mail.provider_templates import ProviderTemplate
 
 #: The setting that names the route table (``config.ROUTES_SETTING``).
 ROUTES_SETTING = config.ROUTES_SETTING
@@ -139,6 +140,16 @@ class Route:
     authorize: Authorizer | None = None
     #: Mail due inside this daily window waits until it ends (not on the critical lane).
     quiet_hours: QuietHours | None = None
+    #: A template kept at the provider instead of a local one (docs/provider-templates.md);
+    #: ``template`` then names what the message records ("" means the provider template's id).
+    provider_template: ProviderTemplate | None = None
+
+    def __post_init__(self) -> None:
+        if self.provider_template is not None:
+            name = self.provider_template.template_name(
+                self.name, self.template, self.template_version
+            )
+            object.__setattr__(self, "template", name)
 
     @property
     def honours_unsubscribe(self) -> bool:
@@ -334,6 +345,23 @@ DEMO_SCHEMAS: dict[tuple[str, int], EventSchema] = {
         },
         {"email": "ada@example.com", "first_name": "Ada", "highlights": ["3 new followers"]},
     ),
+    ("order.shipped", 1): _object(
+        ["email", "order_id", "first_name", "carrier", "tracking_url"],
+        {
+            "email": _ADDRESS,
+            "order_id": {"type": ["string", "integer"]},
+            "first_name": _NAME,
+            "carrier": _NAME,
+            "tracking_url": {"type": "string", "maxLength": 2000},
+        },
+        {
+            "order_id": "O-00001",
+            "email": "ada@example.com",
+            "first_name": "Ada",
+            "carrier": "DHL",
+            "tracking_url": "https://track.example.com/O-00001",
+        },
+    ),
     # Declared but routed nowhere: accepted, and ignored by the worker.
     ("cart.viewed", 1): _object([], {"cart_id": _ID}, {"cart_id": "c1"}),
 }
@@ -383,6 +411,20 @@ def demo_routes() -> RouteTable:
                 lane=Lane.BULK,
                 ttl_s=2 * 24 * 3600,
                 header_fields=("first_name",),
+            ),
+            # On a template kept at the provider (the sandbox renders it: sandbox/templates.py).
+            Route(
+                name="shipping_notice",
+                event_type="order.shipped",
+                event_version=1,
+                template="",  # recorded as the provider template's id, shipping-notice
+                lane=Lane.TRANSACTIONAL,
+                ttl_s=3 * 24 * 3600,
+                header_fields=("first_name", "order_id"),  # its subject reads them
+                provider_template=ProviderTemplate(
+                    "shipping-notice",
+                    variables=("first_name", "order_id", "carrier", "tracking_url"),
+                ),
             ),
         ],
         upcasters={("user.signed_up", 1): _signed_up_v1_to_v2},

@@ -248,6 +248,8 @@ def _check_routed_fields(
                 f"payload.{lookup}", f"is required by route {route.name} to look the recipient up"
             )
         validation.check_message_key("idempotency_key", base_key, route.name)
+        if route.provider_template is not None:
+            route.provider_template.check_payload(route.name, payload)
         if route.dedupe_key:
             try:
                 key = route.dedupe_key_for(payload)

@@ -27,6 +27,7 @@ from email_platform.mail.recipients import RecipientResolver, SqlDirectoryResolv
 from email_platform.mail.rendering import TemplateRenderer
 from email_platform.mail.routes import RouteTable, configured_routes
 from email_platform.observability import logs, tracing
+from email_platform.providers import templated
 from email_platform.providers.base import EmailProvider
 from email_platform.sending.dispatch import Dispatcher
 from email_platform.sending.leases import LeaseRenewer
@@ -252,6 +253,7 @@ def build_sender(
     (``EMAIL_PLATFORM_ROUTES``) with its templates and the ``users`` directory unless others are
     given."""
     routes = configured_routes() if routes is None else routes
+    templated.check_routes(routes.routes, provider)  # a route its provider cannot send: now
     if renderer is None:
         if routes.templates_dir is None:
             raise ConfigurationError(

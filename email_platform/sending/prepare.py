@@ -23,7 +23,7 @@ from email_platform.common.lanes import Lane, LaneConfig
 from email_platform.common.text import text_problem
 from email_platform.common.timeutil import as_utc, utcnow
 from email_platform.db.schema import email_messages
-from email_platform.mail import unsubscribe
+from email_platform.mail import provider_templates, unsubscribe
 from email_platform.mail.recipients import RecipientResolver
 from email_platform.mail.rendering import TemplateRenderer
 from email_platform.mail.routes import Route, RouteTable
@@ -250,8 +250,17 @@ class Preparer:
                         if traced
                         else tracing.NO_SPAN
                     ) as render_span:
-                        rendered = self.renderer.render(
-                            route.template, message.template_version, payload
+                        call = (
+                            route.provider_template.call(payload)
+                            if route.provider_template is not None
+                            else None
+                        )
+                        rendered = (
+                            provider_templates.stand_in(route.template, message.template_version)
+                            if call is not None
+                            else self.renderer.render(
+                                route.template, message.template_version, payload
+                            )
                         )
                 except Exception as exc:  # a template error, or whatever a filter raised
                     error = (
@@ -286,6 +295,7 @@ class Preparer:
                             },
                             trace_id=event.trace_id,
                             correlation_id=event.correlation_id,
+                            provider_template=call,
                         ),
                         # An event published outside any trace: its send span continues the
                         # render's trace, so the message's spans still form one trace.
@@ -380,8 +390,10 @@ class Preparer:
                 )
             )
         try:
-            values["template_version"] = route.template_version or self.renderer.latest_version(
-                route.template
+            values["template_version"] = (
+                route.provider_template.recorded_version
+                if route.provider_template is not None
+                else route.template_version or self.renderer.latest_version(route.template)
             )
         except TemplateRenderError as error:
             values["template_version"] = route.template_version or 0
