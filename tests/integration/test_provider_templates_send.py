@@ -1,0 +1,141 @@
+"""Provider-hosted templates through the real send path (publish -> send job -> sandbox over
+HTTP), on SQLite and PostgreSQL: the sandbox renders the template it knows, the message records
+the template and version, the warehouse funnel and ``trace`` show them as they show a local
+template's, and a template the provider does not know is dead-lettered alone, naming it.
+"""
+
+import dataclasses
+
+from email_platform import publish
+from email_platform.common.lanes import Lane
+from email_platform.mail.provider_templates import LIVE_VERSION, ProviderTemplate
+from email_platform.mail.routes import Route, RouteTable, demo_routes
+from email_platform.operating import admin
+from email_platform.resources import RoutingResource
+from email_platform.warehouse import refresh
+from tests.support import dead_letters_of, event, messages_of, run_send, sandbox_messages
+
+HERE = "tests.integration.test_provider_templates_send"
+
+
+def shipped(order: str, **changes: object) -> dict:
+    return {
+        "order_id": order,
+        "email": f"{order.lower()}@example.com",
+        "first_name": "Jane",
+        "carrier": "DHL",
+        "tracking_url": f"https://track.example.com/{order}",
+        **changes,
+    }
+
+
+def _publish(engine, payload: dict, routes: RouteTable | None = None, event_type="order.shipped"):  # type: ignore[no-untyped-def]
+    with engine.begin() as connection:
+        return publish(
+            connection,
+            event_type=event_type,
+            aggregate_id=str(payload.get("order_id", "a1")),
+            payload=payload,
+            **({"routes": routes} if routes is not None else {}),
+        )
+
+
+def pinned_routes() -> RouteTable:
+    """The demo's table with two more provider-template routes: version 1 pinned, and a
+    template the sandbox does not have."""
+    table = demo_routes()
+    shipping = table.route("shipping_notice")
+    assert shipping.provider_template is not None
+    extra = [
+        Route(
+            name="shipping_v1",
+            event_type="order.shipped_v1",
+            event_version=1,
+            template="",
+            lane=Lane.TRANSACTIONAL,
+            provider_template=dataclasses.replace(shipping.provider_template, version="v1"),
+        ),
+        Route(
+            name="lost_template",
+            event_type="order.lost",
+            event_version=1,
+            template="lost_notice",
+            lane=Lane.TRANSACTIONAL,
+            provider_template=ProviderTemplate("no-such-template", variables=("first_name",)),
+        ),
+    ]
+    return dataclasses.replace(table, routes=[*table.routes, *extra], schemas={})
+
+
+def test_the_demo_route_is_rendered_by_the_provider_and_recorded_as_its_template(
+    engine, database_url, sandbox, tmp_path
+):
+    event_id = _publish(engine, shipped("O-7"))
+    assert run_send(database_url, sandbox.base_url, "transactional", [event_id]).success
+    (message,) = messages_of(engine, event_id)
+    assert message.status == "sent" and message.attempts == 1
+    assert (message.route, message.template) == ("shipping_notice", "shipping-notice")
+    assert message.template_version == LIVE_VERSION  # the provider's live version: 0
+    (seen,) = sandbox_messages(sandbox.base_url, event_id)
+    # The sandbox rendered its live (newest) version, v2, with the payload's variables.
+    assert seen["subject"] == "Good news, Jane: order O-7 has shipped"
+    assert "with DHL" in seen["text"] and "https://track.example.com/O-7" in seen["text"]
+    assert 'href="https://track.example.com/O-7"' in seen["html"]
+    assert seen["metadata"]["template"] == "shipping-notice"
+    assert event(engine, event_id).status == "done"
+
+    path = tmp_path / "warehouse.duckdb"
+    refresh(engine, path)
+    traced = admin.trace(engine, event_id, warehouse_path=str(path))
+    assert traced is not None
+    (shown,) = traced["messages"]
+    assert (shown["template"], shown["template_version"]) == ("shipping-notice", 0)
+    (row,) = traced["funnel"]
+    assert (row["template"], row["template_version"], row["final_status"]) == (
+        "shipping-notice",
+        0,
+        "sent",
+    )
+
+
+def test_a_pinned_version_is_the_one_rendered_and_recorded(engine, database_url, sandbox):
+    routes = pinned_routes()
+    event_id = _publish(engine, shipped("O-8"), routes, event_type="order.shipped_v1")
+    routing = RoutingResource(routes_factory=f"{HERE}:pinned_routes")
+    assert run_send(database_url, sandbox.base_url, "transactional", [event_id], routing=routing)
+    (message,) = messages_of(engine, event_id)
+    assert (message.status, message.template, message.template_version) == (
+        "sent",
+        "shipping-notice",
+        1,
+    )
+    (seen,) = sandbox_messages(sandbox.base_url, event_id)
+    assert seen["subject"] == "Order O-8 has shipped"  # v1's subject, not the live v2's
+
+
+def test_a_template_the_provider_lacks_is_dead_lettered_alone_naming_it(
+    engine, database_url, sandbox
+):
+    routes = pinned_routes()
+    good = [_publish(engine, shipped(f"O-{i}"), routes) for i in range(3)]
+    lost = _publish(
+        engine, {"first_name": "Jane", "email": "jane@example.com"}, routes, "order.lost"
+    )
+    routing = RoutingResource(routes_factory=f"{HERE}:pinned_routes")
+    result = run_send(
+        database_url, sandbox.base_url, "transactional", [good[0], lost, *good[1:]], routing=routing
+    )
+    assert not result.success  # a dead letter fails the run, as documented
+    (message,) = messages_of(engine, lost)
+    assert (message.status, message.template, message.template_version) == (
+        "dead",
+        "lost_notice",
+        LIVE_VERSION,
+    )
+    (letter,) = dead_letters_of(engine, lost)
+    assert (letter.reason, letter.error_code) == ("provider_rejected", "template_not_found")
+    assert "no-such-template" in letter.last_error
+    for event_id in good:
+        (sent,) = messages_of(engine, event_id)
+        assert sent.status == "sent" and sent.attempts == 1
+        assert len(sandbox_messages(sandbox.base_url, event_id)) == 1
