@@ -19,11 +19,13 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from email_platform.common.errors import InvalidPayloadError, TemplateRenderError
 from email_platform.common.text import text_problem
-from email_platform.mail.rendering import RenderedEmail
+
+if TYPE_CHECKING:
+    from email_platform.mail.rendering import RenderedEmail
 
 #: ``template_version`` recorded when the route pins none: the provider's live version.
 LIVE_VERSION = 0
@@ -213,8 +215,12 @@ def _value_problem(root: Any) -> str | None:
     return None
 
 
-def stand_in(template: str, version: int) -> RenderedEmail:
+def stand_in(template: str, version: int) -> "RenderedEmail":
     """What the send path holds instead of a rendering: the provider renders subject and body."""
+    # Imported here: publish() loads this module (through routes), and Jinja, which rendering
+    # needs, is not a dependency of the producer's core.
+    from email_platform.mail.rendering import RenderedEmail
+
     return RenderedEmail(
         subject="", text="", html=None, template=template, template_version=version
     )
