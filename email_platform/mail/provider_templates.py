@@ -4,10 +4,11 @@ and the variables it takes from the payload, instead of a local Jinja template.
 
 No local rendering happens for such a route: the message carries a ``ProviderTemplateCall``
 (id, version, variables) and the adapter asks the provider to render (``providers/templated``).
-The message row records ``template`` = the route's template name (the provider template's id
-unless the route names it otherwise) and ``template_version`` = the version pinned, or
-``LIVE_VERSION`` (0) for "whatever version the provider has live", so the funnel and ``trace``
-show it as they show local templates (docs/provider-templates.md).
+The message row records ``template`` = the provider template's id and ``template_version`` =
+the version pinned, or ``LIVE_VERSION`` (0) for "whatever version the provider has live", so
+the funnel and ``trace`` show it as they show local templates (docs/provider-templates.md).
+Through a provider without templates (SMTP) the route's own ``template``, when it names a local
+one, is rendered and recorded instead; without one, the sender refuses to start.
 
 Variables come from the producer, so ``publish()`` checks them (``check_payload``): every named
 field present, the whole JSON-serializable, at most ``MAX_VARIABLES_BYTES`` and
@@ -106,8 +107,8 @@ class ProviderTemplate:
         return int(match.group(1))
 
     def template_name(self, route: str, template: str, pinned: int | None) -> str:
-        """The name a route on this template records: its own ``template``, else the id. A
-        route pins its provider template's version here, not in ``template_version``."""
+        """A route's ``template`` beside this one: its local fallback, else the id. A route
+        pins its provider template's version here, not in ``template_version``."""
         if pinned is not None:
             raise ValueError(
                 f"route {route}: pin a provider template's version in ProviderTemplate(version=…)"

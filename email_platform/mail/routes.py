@@ -140,8 +140,8 @@ class Route:
     authorize: Authorizer | None = None
     #: Mail due inside this daily window waits until it ends (not on the critical lane).
     quiet_hours: QuietHours | None = None
-    #: A template kept at the provider instead of a local one (docs/provider-templates.md);
-    #: ``template`` then names what the message records ("" means the provider template's id).
+    #: A template kept at the provider, rendered there (docs/provider-templates.md); ``template``
+    #: then names a local one to fall back on where the provider has none (SMTP), or is "".
     provider_template: ProviderTemplate | None = None
 
     def __post_init__(self) -> None:
@@ -417,7 +417,7 @@ def demo_routes() -> RouteTable:
                 name="shipping_notice",
                 event_type="order.shipped",
                 event_version=1,
-                template="",  # recorded as the provider template's id, shipping-notice
+                template="shipping_notice",  # the local fallback, for SMTP
                 lane=Lane.TRANSACTIONAL,
                 ttl_s=3 * 24 * 3600,
                 header_fields=("first_name", "order_id"),  # its subject reads them

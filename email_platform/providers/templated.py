@@ -17,8 +17,9 @@ to, headers, metadata, tags) stays as it is:
   so a message with another value is refused, permanently, naming the variable.
 * Sandbox: ``template: {"id", "version", "variables"}``; the sandbox renders the templates it
   knows (``sandbox/provider_templates``).
-* SMTP has no provider to render anything: a route on a provider template with the SMTP
-  adapter is a ``ConfigurationError`` at start-up.
+* SMTP has no provider to render anything: a route on a provider template renders its local
+  fallback template (``Route.template``, when that names one) and without one is a
+  ``ConfigurationError`` at start-up naming the route and the provider.
 
 Versions: only the sandbox and Mailgun (``t:version``) take a pinned version; Postmark,
 SendGrid, SES and Resend send a template's live (published, active) version, so a pinned
@@ -30,8 +31,9 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from email_platform.common.errors import ConfigurationError, PermanentError
+from email_platform.common.errors import ConfigurationError, PermanentError, TemplateRenderError
 from email_platform.mail.provider_templates import ProviderTemplateCall
+from email_platform.mail.rendering import TemplateRenderer
 from email_platform.mail.routes import Route
 from email_platform.providers.base import OutgoingEmail
 from email_platform.providers.http import ProviderRequest
@@ -49,32 +51,64 @@ CAPABILITY: dict[str, bool | None] = {
 }
 
 
-def check_routes(routes: Iterable[Route], provider: object) -> None:
+def _adapters(provider: object) -> list[object]:
+    """The adapters a provider sends through (a failover's primary and secondary)."""
+    found = [getattr(provider, "primary", None), getattr(provider, "secondary", None)]
+    return [a for a in found if a is not None] or [provider]
+
+
+def _name(adapter: object) -> str:
+    return str(getattr(adapter, "name", type(adapter).__name__))
+
+
+def _capability(adapter: object) -> bool | None:
+    return getattr(adapter, "provider_templates", CAPABILITY.get(_name(adapter)))
+
+
+def _has_local(renderer: TemplateRenderer, template: str) -> bool:
+    try:
+        return renderer.latest_version(template) >= 1
+    except TemplateRenderError:
+        return False
+
+
+def sends_templates(provider: object) -> bool:
+    """Whether ``provider`` sends provider templates (every adapter it may use has them);
+    if not, a route on one renders its local fallback template (``Route.template``)."""
+    return all(_capability(a) is not None for a in _adapters(provider))
+
+
+def check_routes(routes: Iterable[Route], provider: object, renderer: TemplateRenderer) -> None:
     """A ``ConfigurationError`` naming the route and the provider for the first route on a
-    provider template that ``provider`` (or a failover's secondary) cannot send."""
-    adapters = [
-        a
-        for a in (getattr(provider, "primary", None), getattr(provider, "secondary", None))
-        if a is not None
-    ] or [provider]
+    provider template that ``provider`` (or a failover's secondary) cannot send: no adapter
+    has templates and the route has no local template to fall back on, only
+    one side of a failover has them, or a version is pinned where only the live one is sent."""
+    adapters = _adapters(provider)
+    lacking = [_name(a) for a in adapters if _capability(a) is None]
     for route in routes:
         template = route.provider_template
         if template is None:
             continue
-        for adapter in adapters:
-            name = str(getattr(adapter, "name", type(adapter).__name__))
-            can = getattr(adapter, "provider_templates", CAPABILITY.get(name))
-            if can is None:
+        if len(lacking) == len(adapters):
+            if not _has_local(renderer, route.template):
                 raise ConfigurationError(
-                    f"route {route.name} uses the provider template {template.id!r}, and provider "
-                    f"{name} cannot send provider-hosted templates: give the route a local "
-                    "template, or send it through a provider that has templates"
+                    f"route {route.name} uses the provider template {template.id!r}, and "
+                    f"provider {lacking[0]} cannot send provider-hosted templates: give the "
+                    "route a local template to fall back on (Route(template=...)), or send it "
+                    "through a provider that has templates"
                 )
-            if template.version is not None and not can:
+            continue
+        if lacking:
+            raise ConfigurationError(
+                f"route {route.name} uses the provider template {template.id!r}, and provider "
+                f"{lacking[0]} (one side of a failover) cannot send provider-hosted templates"
+            )
+        for adapter in adapters:
+            if template.version is not None and not _capability(adapter):
                 raise ConfigurationError(
                     f"route {route.name} pins version {template.version!r} of the provider "
-                    f"template {template.id!r}, and provider {name} sends only a template's live "
-                    "version: drop the version (recorded as 0, the live one)"
+                    f"template {template.id!r}, and provider {_name(adapter)} sends only a "
+                    "template's live version: drop the version (recorded as 0, the live one)"
                 )
 
 

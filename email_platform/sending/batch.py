@@ -81,6 +81,7 @@ class BatchSender:
         self._provider = provider
         self.recorder.provider_name = provider.name
         self.preparer.provider_name = provider.name
+        self.preparer.provider_templates = templated.sends_templates(provider)
 
     def run(
         self,
@@ -253,7 +254,6 @@ def build_sender(
     (``EMAIL_PLATFORM_ROUTES``) with its templates and the ``users`` directory unless others are
     given."""
     routes = configured_routes() if routes is None else routes
-    templated.check_routes(routes.routes, provider)  # a route its provider cannot send: now
     if renderer is None:
         if routes.templates_dir is None:
             raise ConfigurationError(
@@ -261,6 +261,8 @@ def build_sender(
                 "or pass a renderer"
             )
         renderer = TemplateRenderer(routes.templates_dir)
+    # A route on a provider template its provider cannot send fails here, before any claim.
+    templated.check_routes(routes.routes, provider, renderer)
     return BatchSender(
         engine=engine,
         provider=provider,

@@ -68,6 +68,9 @@ class Preparer:
         self.provider_name = provider_name
         self.sender_address = sender_address
         self.recorder = recorder
+        #: Whether the provider renders provider templates (``BatchSender`` sets it; if not, a
+        #: route on one renders its local fallback template).
+        self.provider_templates = True
         # Bulk mail's List-Unsubscribe headers, from the environment unless given. A bad
         # setting fails a bulk run here, before it claims anything.
         self.unsubscribe_links = unsubscribe_links or unsubscribe.links_from_config(
@@ -250,13 +253,10 @@ class Preparer:
                         if traced
                         else tracing.NO_SPAN
                     ) as render_span:
-                        call = (
-                            route.provider_template.call(payload)
-                            if route.provider_template is not None
-                            else None
-                        )
+                        hosted = route.provider_template if self.provider_templates else None
+                        call = hosted.call(payload) if hosted is not None else None
                         rendered = (
-                            provider_templates.stand_in(route.template, message.template_version)
+                            provider_templates.stand_in(message.template, message.template_version)
                             if call is not None
                             else self.renderer.render(
                                 route.template, message.template_version, payload
@@ -287,7 +287,7 @@ class Preparer:
                             subject=rendered.subject,
                             text=rendered.text,
                             html=rendered.html,
-                            template=route.template,
+                            template=message.template if call is not None else route.template,
                             lane=self.lane.lane.value,
                             headers={
                                 "X-Email-Event-Id": event.event_id,
@@ -389,10 +389,13 @@ class Preparer:
                     code="dedupe_key_error",
                 )
             )
+        hosted = route.provider_template if self.provider_templates else None
+        if hosted is not None:  # the provider renders it: its id and version are recorded
+            values["template"] = hosted.id
         try:
             values["template_version"] = (
-                route.provider_template.recorded_version
-                if route.provider_template is not None
+                hosted.recorded_version
+                if hosted is not None
                 else route.template_version or self.renderer.latest_version(route.template)
             )
         except TemplateRenderError as error:

@@ -129,7 +129,7 @@ def test_a_template_the_provider_lacks_is_dead_lettered_alone_naming_it(
     (message,) = messages_of(engine, lost)
     assert (message.status, message.template, message.template_version) == (
         "dead",
-        "lost_notice",
+        "no-such-template",
         LIVE_VERSION,
     )
     (letter,) = dead_letters_of(engine, lost)

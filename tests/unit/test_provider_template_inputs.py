@@ -31,11 +31,13 @@ from email_platform.mail.provider_templates import (
     MAX_VARIABLES_DEPTH,
     ProviderTemplate,
 )
+from email_platform.mail.rendering import TemplateRenderer
 from email_platform.mail.routes import Route, RouteTable, demo_routes
 from email_platform.providers import templated
 from email_platform.providers.base import OutgoingEmail
 from email_platform.providers.failover import FailoverProvider, FailoverState
 from email_platform.providers.smtp import SmtpProvider
+from email_platform.sandbox.templates import ProviderTemplates
 from tests.unit.test_adapters_send_or_name_the_cause import ADAPTERS, _accept
 
 EVENT_ID = "01JDQ5Z3K8M9N0P1Q2R3S4T5V6"
@@ -185,8 +187,15 @@ def test_a_line_break_in_a_field_the_provider_puts_in_its_subject_is_refused(con
 
 def test_the_demo_route_records_the_template_id_and_the_live_version():
     route = demo_routes().route("shipping_notice")
-    assert route.template == "shipping-notice" and route.provider_template is not None
+    assert route.provider_template is not None
+    assert route.provider_template.id in ProviderTemplates().known()  # the sandbox has it
     assert route.provider_template.recorded_version == LIVE_VERSION
+    assert TemplateRenderer().latest_version(route.template) == 1  # the local fallback
+
+
+def test_smtp_renders_a_routes_local_fallback_and_starts():
+    templated.check_routes(demo_routes().routes, _smtp(), TemplateRenderer())
+    assert not templated.sends_templates(_smtp())
 
 
 @pytest.mark.parametrize(("version", "recorded"), [(None, 0), (3, 3), ("v12", 12), ("7", 7)])
@@ -224,7 +233,7 @@ def _smtp() -> SmtpProvider:
 
 def test_smtp_with_a_route_on_a_provider_template_fails_at_start_up_naming_both():
     with pytest.raises(ConfigurationError) as info:
-        templated.check_routes([_shipping()], _smtp())
+        templated.check_routes([_shipping()], _smtp(), TemplateRenderer())
     assert "route shipping" in str(info.value) and "provider smtp" in str(info.value)
 
 
@@ -233,7 +242,7 @@ def test_a_failover_secondary_that_cannot_send_it_fails_at_start_up_too():
     provider = FailoverProvider(primary, _smtp(), FailoverState(mock_breaker()))
     try:
         with pytest.raises(ConfigurationError, match="provider smtp"):
-            templated.check_routes([_shipping()], provider)
+            templated.check_routes([_shipping()], provider, TemplateRenderer())
     finally:
         primary.close()
 
@@ -257,8 +266,8 @@ def test_a_pinned_version_where_only_the_live_one_can_be_sent_fails_at_start_up(
     adapter = ADAPTERS[provider](httpx.MockTransport(_accept))
     try:
         with pytest.raises(ConfigurationError, match=f"route pinned .* provider {provider}"):
-            templated.check_routes([route], adapter)
-        templated.check_routes([_shipping()], adapter)  # the live version: fine
+            templated.check_routes([route], adapter, TemplateRenderer())
+        templated.check_routes([_shipping()], adapter, TemplateRenderer())  # the live version: fine
     finally:
         adapter.close()
 

@@ -17,7 +17,6 @@ from email_platform.common.ids import new_ulid
 from email_platform.common.lanes import Lane
 from email_platform.mail.rendering import TemplateRenderer
 from email_platform.mail.routes import Route, RouteTable, default_routes
-from email_platform.sandbox.templates import ProviderTemplates
 from email_platform.sensors.outbox import batch_run_key, plan_run_requests
 
 V1_SIGNED_UP = {"user_id": "user_abc123", "email": "jane@example.com", "name": "Jane Doe"}
@@ -93,9 +92,6 @@ def test_marketing_mail_does_not_bypass_unsubscribe(routes: RouteTable) -> None:
 def test_every_shipped_route_has_a_shipped_template(routes: RouteTable) -> None:
     renderer = TemplateRenderer()
     for route in routes.routes:
-        if route.provider_template is not None:  # kept at the provider: the sandbox has it
-            assert route.provider_template.id in ProviderTemplates().known(), route.name
-            continue
         assert renderer.latest_version(route.template) >= 1, route.name
 
 
