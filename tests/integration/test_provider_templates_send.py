@@ -1,18 +1,25 @@
 """Provider-hosted templates through the real send path (publish -> send job -> sandbox over
 HTTP), on SQLite and PostgreSQL: the sandbox renders the template it knows, the message records
 the template and version, the warehouse funnel and ``trace`` show them as they show a local
-template's, and a template the provider does not know is dead-lettered alone, naming it.
+template's, and a template the provider does not know is dead-lettered alone, naming it. Through
+SMTP (a real Postfix), which has no templates, the route's local fallback is rendered.
 """
 
 import dataclasses
+import json
+import uuid
+from collections.abc import Iterator
+
+import pytest
 
 from email_platform import publish
 from email_platform.common.lanes import Lane
 from email_platform.mail.provider_templates import LIVE_VERSION, ProviderTemplate
 from email_platform.mail.routes import Route, RouteTable, demo_routes
 from email_platform.operating import admin
-from email_platform.resources import RoutingResource
+from email_platform.resources import EmailProviderResource, RoutingResource
 from email_platform.warehouse import refresh
+from tests.servers.postfix import Postfix, start_postfix
 from tests.support import dead_letters_of, event, messages_of, run_send, sandbox_messages
 
 HERE = "tests.integration.test_provider_templates_send"
@@ -102,7 +109,8 @@ def test_a_pinned_version_is_the_one_rendered_and_recorded(engine, database_url,
     routes = pinned_routes()
     event_id = _publish(engine, shipped("O-8"), routes, event_type="order.shipped_v1")
     routing = RoutingResource(routes_factory=f"{HERE}:pinned_routes")
-    assert run_send(database_url, sandbox.base_url, "transactional", [event_id], routing=routing)
+    result = run_send(database_url, sandbox.base_url, "transactional", [event_id], routing=routing)
+    assert result.success
     (message,) = messages_of(engine, event_id)
     assert (message.status, message.template, message.template_version) == (
         "sent",
@@ -139,3 +147,36 @@ def test_a_template_the_provider_lacks_is_dead_lettered_alone_naming_it(
         (sent,) = messages_of(engine, event_id)
         assert sent.status == "sent" and sent.attempts == 1
         assert len(sandbox_messages(sandbox.base_url, event_id)) == 1
+
+
+@pytest.fixture(scope="module")
+def postfix() -> Iterator[Postfix]:
+    server = start_postfix()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_through_smtp_the_routes_local_fallback_is_rendered_and_recorded(
+    engine, database_url, postfix
+):
+    """Postfix has no templates of ours: the demo route's local ``shipping_notice`` goes."""
+    to = f"ship-{database_url[:4]}-{uuid.uuid4().hex[:8]}@example.com"
+    event_id = _publish(engine, shipped("O-9", email=to))
+    resource = EmailProviderResource(
+        provider="smtp",
+        base_url=f"smtp://127.0.0.1:{postfix.port('plain')}",
+        timeout_s=10.0,
+        options_json=json.dumps({"starttls": "false"}),
+    )
+    result = run_send(database_url, "unused", "transactional", [event_id], provider=resource)
+    assert result.success
+    ((raw, _),) = postfix.wait_delivered(to)
+    assert b"Subject: Order O-9 has shipped" in raw
+    (message,) = messages_of(engine, event_id)
+    assert (message.status, message.template, message.template_version) == (
+        "sent",
+        "shipping_notice",
+        1,
+    )
