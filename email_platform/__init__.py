@@ -12,6 +12,7 @@ from email_platform.common.errors import (
     UndeclaredEventError,
     UnknownPriorityError,
 )
+from email_platform.mail.provider_templates import ProviderTemplate
 from email_platform.mail.routes import Route, RouteTable
 from email_platform.publishing.publisher import publish, publish_many
 
@@ -22,6 +23,7 @@ __all__ = [
     "InvalidIdempotencyKeyError",
     "InvalidPayloadError",
     "PayloadSchemaError",
+    "ProviderTemplate",
     "PublishError",
     "RateLimitedError",
     "Route",
