@@ -7,17 +7,21 @@ SMTP (a real Postfix), which has no templates, the route's local fallback is ren
 
 import dataclasses
 import json
+import shutil
 import uuid
 from collections.abc import Iterator
 
 import pytest
+from click.testing import CliRunner
 
 from email_platform import publish
+from email_platform.cli.app import main
 from email_platform.common.lanes import Lane
 from email_platform.mail.provider_templates import LIVE_VERSION, ProviderTemplate
 from email_platform.mail.routes import Route, RouteTable, demo_routes
-from email_platform.operating import admin
 from email_platform.resources import EmailProviderResource, RoutingResource
+from email_platform.sandbox.server import SandboxConfig, SandboxServer
+from email_platform.sandbox.templates import SHIPPED
 from email_platform.warehouse import refresh
 from tests.servers.postfix import Postfix, start_postfix
 from tests.support import dead_letters_of, event, messages_of, run_send, sandbox_messages
@@ -91,10 +95,13 @@ def test_the_demo_route_is_rendered_by_the_provider_and_recorded_as_its_template
     assert seen["metadata"]["template"] == "shipping-notice"
     assert event(engine, event_id).status == "done"
 
+    # `email-platform trace`, once the warehouse is built, shows it as a local template's.
     path = tmp_path / "warehouse.duckdb"
     refresh(engine, path)
-    traced = admin.trace(engine, event_id, warehouse_path=str(path))
-    assert traced is not None
+    env = {"EMAIL_PLATFORM_DATABASE_URL": database_url, "EMAIL_PLATFORM_WAREHOUSE": str(path)}
+    shown_cli = CliRunner().invoke(main, ["trace", event_id, "--json"], env=env)
+    assert shown_cli.exit_code == 0, shown_cli.output
+    traced = json.loads(shown_cli.output)
     (shown,) = traced["messages"]
     assert (shown["template"], shown["template_version"]) == ("shipping-notice", 0)
     (row,) = traced["funnel"]
@@ -180,3 +187,38 @@ def test_through_smtp_the_routes_local_fallback_is_rendered_and_recorded(
         "shipping_notice",
         1,
     )
+
+
+def test_a_letter_dead_for_a_missing_template_is_sent_once_replayed_after_it_is_added(
+    engine, database_url, tmp_path
+):
+    """The provider lacked the template (422): dead-lettered; the template is created in the
+    provider's editor; ``dlq replay`` sends it once, under the key committed before."""
+    folder = tmp_path / "provider"
+    folder.mkdir()
+    with SandboxServer(SandboxConfig(provider_templates=str(folder))) as url:
+        event_id = _publish(engine, shipped("O-5"))
+        assert not run_send(database_url, url, "transactional", [event_id]).success
+        (letter,) = dead_letters_of(engine, event_id)
+        assert letter.error_code == "template_not_found"
+        shutil.copytree(SHIPPED / "shipping-notice", folder / "shipping-notice")
+        (tmp_path / "dagster").mkdir()
+        replayed = CliRunner().invoke(
+            main,
+            ["dlq", "replay", "--all", "--inline"],
+            env={
+                "EMAIL_PLATFORM_DATABASE_URL": database_url,
+                "EMAIL_PLATFORM_SANDBOX_BASE_URL": url,
+                "DAGSTER_HOME": str(tmp_path / "dagster"),
+            },
+        )
+        assert replayed.exit_code == 0, replayed.output
+        (message,) = messages_of(engine, event_id)
+        assert (message.status, message.template, message.template_version) == (
+            "sent",
+            "shipping-notice",
+            LIVE_VERSION,
+        )
+        (seen,) = sandbox_messages(url)
+        assert seen["idempotency_key"] == message.idempotency_key == f"{event_id}:shipping_notice"
+        assert seen["subject"] == "Good news, Jane: order O-5 has shipped"
