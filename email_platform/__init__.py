@@ -12,6 +12,7 @@ from email_platform.common.errors import (
     UndeclaredEventError,
     UnknownPriorityError,
 )
+from email_platform.mail.provider_templates import ProviderTemplate
 from email_platform.mail.routes import Route, RouteTable
 from email_platform.publishing.cancelling import CancelResult, CancelStatus, cancel
 from email_platform.publishing.outcomes import Outcome, OutcomePage, read_outcomes
@@ -28,6 +29,7 @@ __all__ = [
     "Outcome",
     "OutcomePage",
     "PayloadSchemaError",
+    "ProviderTemplate",
     "PublishError",
     "RateLimitedError",
     "Route",

@@ -180,6 +180,22 @@ def publish_demo_events(
                     },
                 )
             )
+    for i in range(min(receipts, 5)):  # on a provider-hosted template (docs/provider-templates.md)
+        with engine.begin() as connection:
+            event_ids.append(
+                publish(
+                    connection,
+                    event_type="order.shipped",
+                    aggregate_id=f"{tag}-o{i}",
+                    payload={
+                        "order_id": f"O-{i:05d}",
+                        "email": f"{tag}-ship{i}@example.com",
+                        "first_name": "Jane",
+                        "carrier": rng.choice(["DHL", "UPS", "La Poste"]),
+                        "tracking_url": f"https://track.example.com/O-{i:05d}",
+                    },
+                )
+            )
     with engine.begin() as connection:
         for i in range(digests):
             user_id = f"{tag}-u{i % max(1, signups)}"

@@ -20,6 +20,7 @@ from email_platform.common import config
 from email_platform.common.errors import ConfigurationError, UnknownEventVersionError
 from email_platform.common.lanes import Lane
 from email_platform.mail.locales import LocaleLookup
+from email_platform.mail.provider_templates import ProviderTemplate
 
 #: The setting that names the route table (``config.ROUTES_SETTING``).
 ROUTES_SETTING = config.ROUTES_SETTING
@@ -144,6 +145,16 @@ class Route:
     locale_field: str | None = None
     #: ... or ``payload -> locale`` asked at send time (docs/locales.md).
     locale_lookup: LocaleLookup | None = None
+    #: A template kept at the provider, rendered there (docs/provider-templates.md); ``template``
+    #: then names a local one to fall back on where the provider has none (SMTP), or is "".
+    provider_template: ProviderTemplate | None = None
+
+    def __post_init__(self) -> None:
+        if self.provider_template is not None:
+            name = self.provider_template.template_name(
+                self.name, self.template, self.template_version
+            )
+            object.__setattr__(self, "template", name)
 
     @property
     def honours_unsubscribe(self) -> bool:
@@ -341,6 +352,23 @@ DEMO_SCHEMAS: dict[tuple[str, int], EventSchema] = {
         },
         {"email": "ada@example.com", "first_name": "Ada", "highlights": ["3 new followers"]},
     ),
+    ("order.shipped", 1): _object(
+        ["email", "order_id", "first_name", "carrier", "tracking_url"],
+        {
+            "email": _ADDRESS,
+            "order_id": {"type": ["string", "integer"]},
+            "first_name": _NAME,
+            "carrier": _NAME,
+            "tracking_url": {"type": "string", "maxLength": 2000},
+        },
+        {
+            "order_id": "O-00001",
+            "email": "ada@example.com",
+            "first_name": "Ada",
+            "carrier": "DHL",
+            "tracking_url": "https://track.example.com/O-00001",
+        },
+    ),
     # Declared but routed nowhere: accepted, and ignored by the worker.
     ("cart.viewed", 1): _object([], {"cart_id": _ID}, {"cart_id": "c1"}),
 }
@@ -392,6 +420,20 @@ def demo_routes() -> RouteTable:
                 lane=Lane.BULK,
                 ttl_s=2 * 24 * 3600,
                 header_fields=("first_name",),
+            ),
+            # On a template kept at the provider (the sandbox renders it: sandbox/templates.py).
+            Route(
+                name="shipping_notice",
+                event_type="order.shipped",
+                event_version=1,
+                template="shipping_notice",  # the local fallback, for SMTP
+                lane=Lane.TRANSACTIONAL,
+                ttl_s=3 * 24 * 3600,
+                header_fields=("first_name", "order_id"),  # its subject reads them
+                provider_template=ProviderTemplate(
+                    "shipping-notice",
+                    variables=("first_name", "order_id", "carrier", "tracking_url"),
+                ),
             ),
         ],
         upcasters={("user.signed_up", 1): _signed_up_v1_to_v2},

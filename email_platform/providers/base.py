@@ -11,6 +11,7 @@ from urllib.parse import quote
 
 from email_platform.common.errors import DeliveryError, PermanentError
 from email_platform.mail.headers import unsafe_header_reason
+from email_platform.mail.provider_templates import ProviderTemplateCall
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,9 @@ class OutgoingEmail:
     #: ASCII, no line breaks).
     trace_id: str | None = None
     correlation_id: str | None = None
+    #: A provider-hosted template to render instead of subject/text/html (which are then
+    #: empty): ``providers/templated.py`` builds each provider's form of it.
+    provider_template: ProviderTemplateCall | None = None
 
 
 def trace_metadata(email: OutgoingEmail) -> dict[str, str]:

@@ -39,6 +39,7 @@ import httpx
 from email_platform.common.classify import classify_response, reason_code
 from email_platform.common.config import ProviderSettings
 from email_platform.common.errors import ConfigurationError, DeliveryError
+from email_platform.providers import templated
 from email_platform.providers.base import Accepted, OutgoingEmail, trace_metadata
 from email_platform.providers.http import HttpProvider, ProviderRequest
 
@@ -113,6 +114,7 @@ class MailgunProvider(HttpProvider):
         fields["v:idempotency_key"] = email.idempotency_key
         for name, value in trace_metadata(email).items():
             fields[f"v:{name}"] = value
+        templated.mailgun_fields(fields, email)
         return ProviderRequest("POST", self.path, data=fields)
 
     def accepted(self, response: httpx.Response) -> Accepted:

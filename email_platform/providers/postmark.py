@@ -32,6 +32,7 @@ import httpx
 from email_platform.common.classify import classify_response, parse_retry_after
 from email_platform.common.config import ProviderSettings
 from email_platform.common.errors import ConfigurationError, DeliveryError, TransientError
+from email_platform.providers import templated
 from email_platform.providers.base import Accepted, OutgoingEmail, trace_metadata
 from email_platform.providers.http import HttpProvider, ProviderRequest
 
@@ -112,6 +113,8 @@ class PostmarkProvider(HttpProvider):
         # and webhooks still match on it and on the MessageID.
         body["Metadata"] = {k: v for k, v in metadata.items() if len(v) <= METADATA_VALUE_MAX}
         body["MessageStream"] = self.stream_for(email)
+        if email.provider_template is not None:
+            return templated.postmark_request(body, email)
         # No idempotency header: Postmark does not offer one (see the module docstring).
         return ProviderRequest("POST", "/email", json=body)
 

@@ -52,6 +52,7 @@ from email_platform.common.errors import (
     TransientError,
 )
 from email_platform.common.tags import tag_value
+from email_platform.providers import templated
 from email_platform.providers.base import (
     Accepted,
     OutgoingEmail,
@@ -120,6 +121,7 @@ class ResendProvider(HttpProvider):
             # Tags allow only [A-Za-z0-9_-]: other characters of an opaque id become "_".
             *({"name": k, "value": tag_value(v)} for k, v in trace_metadata(email).items()),
         ]
+        templated.resend_body(body, email)
         return ProviderRequest(
             "POST",
             "/emails",

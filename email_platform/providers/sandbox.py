@@ -12,6 +12,7 @@ import httpx
 from email_platform.common.classify import classify_response
 from email_platform.common.config import ProviderSettings
 from email_platform.common.errors import ConfigurationError, DeliveryError
+from email_platform.providers import templated
 from email_platform.providers.base import (
     Accepted,
     OutgoingEmail,
@@ -63,7 +64,7 @@ class SandboxProvider(HttpProvider):
         )
 
     def _body(self, email: OutgoingEmail) -> dict[str, Any]:
-        return {
+        body = {
             "from": email.sender,
             "to": email.to,
             "subject": email.subject,
@@ -78,6 +79,8 @@ class SandboxProvider(HttpProvider):
             },
             "tags": [email.template, email.lane],
         }
+        templated.sandbox_body(body, email)
+        return body
 
     def build_request(self, email: OutgoingEmail) -> ProviderRequest:
         return ProviderRequest(

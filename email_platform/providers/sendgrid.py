@@ -55,6 +55,7 @@ from email_platform.common.errors import (
     PermanentError,
     TransientError,
 )
+from email_platform.providers import templated
 from email_platform.providers.base import Accepted, OutgoingEmail, trace_metadata
 from email_platform.providers.http import HttpProvider, ProviderRequest
 
@@ -141,6 +142,7 @@ class SendGridProvider(HttpProvider):
             body["headers"] = {str(k): str(v) for k, v in email.headers.items()}
         body["categories"] = [email.template]
         body["custom_args"] = custom_args
+        templated.sendgrid_body(body, email)
         return ProviderRequest("POST", SEND_PATH, json=body)
 
     def accepted(self, response: httpx.Response) -> Accepted:

@@ -66,6 +66,7 @@ from email_platform.common.errors import (
     TransientError,
 )
 from email_platform.common.tags import tag_value
+from email_platform.providers import templated
 from email_platform.providers.base import Accepted, OutgoingEmail, header_problem, trace_metadata
 from email_platform.providers.http import HttpProvider, ProviderRequest
 
@@ -295,6 +296,7 @@ class SesProvider(HttpProvider):
         }
         if self.configuration_set:
             request["ConfigurationSetName"] = self.configuration_set
+        templated.ses_body(request, email)
         return request
 
     # ---- the answers ------------------------------------------------------------------------

@@ -71,6 +71,7 @@ from email_platform.common.errors import (
     ProviderRejectedError,
     TransientError,
 )
+from email_platform.providers import templated
 from email_platform.providers.base import Accepted, OutgoingEmail, RateLimiter, header_problem
 from email_platform.providers.smtp_message import LINE_SHOULD, SmtpMessage, phrase, wire_address
 
@@ -185,6 +186,7 @@ class SmtpProvider:
 
     def build_message(self, email: OutgoingEmail) -> tuple[SmtpMessage, str]:
         """The message and its envelope sender; refuses header injection before anything."""
+        templated.refuse(email, self.name)
         problem = header_problem(email)
         if problem is not None:
             raise problem

@@ -251,6 +251,8 @@ def _check_routed_fields(
         if route.locale_field:
             locales.check_locale(f"payload.{route.locale_field}", payload.get(route.locale_field))
         validation.check_message_key("idempotency_key", base_key, route.name)
+        if route.provider_template is not None:
+            route.provider_template.check_payload(route.name, payload)
         if route.dedupe_key:
             try:
                 key = route.dedupe_key_for(payload)

@@ -65,6 +65,7 @@ from email_platform.sandbox.faults import (
     retry_after_header,
 )
 from email_platform.sandbox.state import SandboxConfig, SandboxState, dumps
+from email_platform.sandbox.templates import ProviderTemplates
 
 __all__ = ["SandboxConfig", "SandboxServer", "create_app", "serve"]
 
@@ -82,15 +83,20 @@ def _error(status: int, code: str, message: str, headers: dict[str, str] | None 
     return _json(status, {"error": {"code": code, "message": message}}, headers)
 
 
-def _validate(payload: Any) -> Response | None:
-    problem = _problem(payload)
+def _validate(payload: Any, templates: ProviderTemplates | None = None) -> Response | None:
+    problem = _problem(payload, templates)
     return _error(*problem) if problem is not None else None
 
 
-def _problem(payload: Any) -> tuple[int, str, str] | None:
+def _problem(
+    payload: Any, templates: ProviderTemplates | None = None
+) -> tuple[int, str, str] | None:
     """Why one message cannot be accepted: (status, error code, message), or None."""
     if not isinstance(payload, dict):
         return 422, "invalid_request", "request body must be a JSON object"
+    # A provider template is rendered first: its subject and body are then checked as any.
+    if templates is not None and (unrendered := templates.fill(payload)) is not None:
+        return unrendered
     to = payload.get("to")
     if not isinstance(to, str) or not to.strip():
         return 422, "invalid_recipient", "'to' is required"
@@ -171,6 +177,7 @@ def _quiet_cuts() -> None:
 def create_app(config: SandboxConfig) -> Starlette:
     """Build the sandbox provider ASGI app; its state lives on ``app.state.sandbox``."""
     state = SandboxState(config)
+    templates = ProviderTemplates(config.provider_templates)
     _quiet_cuts()
     expected_auth = f"Bearer {config.api_key}".encode() if config.api_key is not None else None
     if config.retry_after_style not in RETRY_AFTER_STYLES:
@@ -227,7 +234,7 @@ def create_app(config: SandboxConfig) -> Starlette:
             payload = json.loads(raw)
         except (ValueError, UnicodeDecodeError):
             return _error(400, "invalid_json", "request body is not valid JSON")
-        invalid = _validate(payload)
+        invalid = _validate(payload, templates)
         if invalid is not None:
             return invalid
 
@@ -276,7 +283,7 @@ def create_app(config: SandboxConfig) -> Starlette:
                     _batch_error(400, "missing_idempotency_key", "idempotency_key is required")
                 )
                 continue
-            problem = _problem(item)
+            problem = _problem(item, templates)
             if problem is not None:
                 results.append(_batch_error(*problem))
                 continue

@@ -36,6 +36,8 @@ class SandboxConfig:
     retry_after_style: str = "seconds"
     #: Where to post signed webhooks for accepted messages (None: no webhooks).
     webhooks: WebhookPlan | None = None
+    #: The folder of provider templates it renders (None: the shipped ones, sandbox/templates.py).
+    provider_templates: str | None = None
 
 
 def dumps(obj: Any) -> bytes:

@@ -27,6 +27,7 @@ from email_platform.mail.recipients import RecipientResolver, SqlDirectoryResolv
 from email_platform.mail.rendering import TemplateRenderer
 from email_platform.mail.routes import RouteTable, configured_routes
 from email_platform.observability import logs, tracing
+from email_platform.providers import templated
 from email_platform.providers.base import EmailProvider
 from email_platform.sending.dispatch import Dispatcher
 from email_platform.sending.leases import LeaseRenewer
@@ -80,6 +81,7 @@ class BatchSender:
         self._provider = provider
         self.recorder.provider_name = provider.name
         self.preparer.provider_name = provider.name
+        self.preparer.provider_templates = templated.sends_templates(provider)
 
     def run(
         self,
@@ -259,6 +261,8 @@ def build_sender(
                 "or pass a renderer"
             )
         renderer = TemplateRenderer(routes.templates_dir)
+    # A route on a provider template its provider cannot send fails here, before any claim.
+    templated.check_routes(routes.routes, provider, renderer)
     return BatchSender(
         engine=engine,
         provider=provider,

@@ -23,7 +23,7 @@ from email_platform.common.lanes import Lane, LaneConfig
 from email_platform.common.text import text_problem
 from email_platform.common.timeutil import as_utc, utcnow
 from email_platform.db.schema import email_messages
-from email_platform.mail import locales, unsubscribe
+from email_platform.mail import locales, provider_templates, unsubscribe
 from email_platform.mail.recipients import RecipientResolver
 from email_platform.mail.rendering import TemplateRenderer
 from email_platform.mail.routes import Route, RouteTable
@@ -68,6 +68,9 @@ class Preparer:
         self.provider_name = provider_name
         self.sender_address = sender_address
         self.recorder = recorder
+        #: Whether the provider renders provider templates (``BatchSender`` sets it; if not, a
+        #: route on one renders its local fallback template).
+        self.provider_templates = True
         # Bulk mail's List-Unsubscribe headers, from the environment unless given. A bad
         # setting fails a bulk run here, before it claims anything.
         self.unsubscribe_links = unsubscribe_links or unsubscribe.links_from_config(
@@ -250,8 +253,14 @@ class Preparer:
                         if traced
                         else tracing.NO_SPAN
                     ) as render_span:
-                        rendered = self.renderer.render(
-                            route.template, message.template_version, payload, message.locale
+                        hosted = route.provider_template if self.provider_templates else None
+                        call = hosted.call(payload) if hosted is not None else None
+                        rendered = (
+                            provider_templates.stand_in(message.template, message.template_version)
+                            if call is not None
+                            else self.renderer.render(
+                                route.template, message.template_version, payload, message.locale
+                            )
                         )
                 except Exception as exc:  # a template error, or whatever a filter raised
                     error = (
@@ -278,7 +287,7 @@ class Preparer:
                             subject=rendered.subject,
                             text=rendered.text,
                             html=rendered.html,
-                            template=route.template,
+                            template=message.template if call is not None else route.template,
                             lane=self.lane.lane.value,
                             headers={
                                 "X-Email-Event-Id": event.event_id,
@@ -286,6 +295,7 @@ class Preparer:
                             },
                             trace_id=event.trace_id,
                             correlation_id=event.correlation_id,
+                            provider_template=call,
                         ),
                         # An event published outside any trace: its send span continues the
                         # render's trace, so the message's spans still form one trace.
@@ -379,9 +389,14 @@ class Preparer:
                     code="dedupe_key_error",
                 )
             )
+        hosted = route.provider_template if self.provider_templates else None
+        if hosted is not None:  # the provider renders it: its id and version are recorded
+            values["template"] = hosted.id
         try:
-            values["template_version"] = route.template_version or self.renderer.latest_version(
-                route.template
+            values["template_version"] = (
+                hosted.recorded_version
+                if hosted is not None
+                else route.template_version or self.renderer.latest_version(route.template)
             )
         except TemplateRenderError as error:
             values["template_version"] = route.template_version or 0
