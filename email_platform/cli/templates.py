@@ -122,14 +122,41 @@ def render(
     table = _table(routes)
     chosen = _route(table, route)
     payload = _payload(payload_file) or {}
+    hosted = _provider_template(chosen, payload)
+    if hosted is not None and not chosen.template:
+        # Rendered only at the provider: what it is sent is all there is to show.
+        if as_json:
+            _print_json({"route": chosen.name, "provider_template": hosted})
+        else:
+            click.echo(f"route: {chosen.name}  provider template: {_describe(hosted)}")
+        return
     try:
         rendered = render_for(table, _renderer(table, templates_dir), chosen, payload, locale)
     except (TemplateRenderError, PublishError) as exc:
         raise _rendering_error(exc) from None
     if as_json:
-        _print_json(_as_json(rendered, chosen))
+        _print_json(_as_json(rendered, chosen, provider_template=hosted))
     else:
+        if hosted is not None:
+            click.echo(f"provider template: {_describe(hosted)}")
+            click.echo("(below: the local fallback, what an adapter without templates sends)")
         _echo(rendered, chosen)
+
+
+def _provider_template(route: Route, payload: dict[str, Any]) -> dict[str, Any] | None:
+    """The provider template call ROUTE makes for ``payload`` (id, version, variables)."""
+    if route.provider_template is None:
+        return None
+    try:
+        call = route.provider_template.call(payload)
+    except TemplateRenderError as exc:
+        raise _rendering_error(exc) from None
+    return {"id": call.id, "version": call.version, "variables": call.variables}
+
+
+def _describe(hosted: dict[str, Any]) -> str:
+    version = "live" if hosted["version"] is None else hosted["version"]
+    return f"{hosted['id']} ({version})  variables: {json.dumps(hosted['variables'])}"
 
 
 @templates.command("send-test")

@@ -226,3 +226,35 @@ def test_send_test_refuses_before_writing_or_sending(
     assert sandbox_messages(sandbox.base_url) == []
     with engine.connect() as connection:
         assert connection.execute(select(email_messages)).all() == []
+
+
+SHIPPED = {
+    "email": "ana@example.com",
+    "order_id": "O-7",
+    "first_name": "Ana",
+    "carrier": "DHL",
+    "tracking_url": "https://track.example/O-7",
+}
+
+
+def test_render_shows_the_provider_template_call_and_the_local_fallback(tmp_path: Path) -> None:
+    payload = _file(tmp_path, json.dumps(SHIPPED))
+    result = _invoke("templates", "render", "shipping_notice", "--payload", payload, "--json")
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.output)
+    assert shown["provider_template"] == {
+        "id": "shipping-notice",
+        "version": None,
+        "variables": {k: SHIPPED[k] for k in ("first_name", "order_id", "carrier", "tracking_url")},
+    }
+    assert shown["template"] == "shipping_notice"  # the local fallback SMTP sends
+    text = _invoke("templates", "render", "shipping_notice", "--payload", payload)
+    assert text.exit_code == 0, text.output
+    assert text.output.startswith("provider template: shipping-notice (live)")
+
+
+def test_render_of_a_provider_template_route_names_a_missing_variable(tmp_path: Path) -> None:
+    payload = _file(tmp_path, json.dumps({k: v for k, v in SHIPPED.items() if k != "carrier"}))
+    result = _invoke("templates", "render", "shipping_notice", "--payload", payload)
+    assert result.exit_code == 1
+    assert "carrier" in result.output and "Traceback" not in result.output
