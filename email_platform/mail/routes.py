@@ -19,6 +19,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from email_platform.common import config
 from email_platform.common.errors import ConfigurationError, UnknownEventVersionError
 from email_platform.common.lanes import Lane
+from email_platform.mail.addressing import AttachmentLimits, AttachmentMaker, Mailbox
 
 #: The setting that names the route table (``config.ROUTES_SETTING``).
 ROUTES_SETTING = config.ROUTES_SETTING
@@ -139,6 +140,17 @@ class Route:
     authorize: Authorizer | None = None
     #: Mail due inside this daily window waits until it ends (not on the critical lane).
     quiet_hours: QuietHours | None = None
+    #: ``From``; None: ``EMAIL_PLATFORM_SENDER`` (docs/addressing.md, ``mail/addressing.py``).
+    sender: Mailbox | None = None
+    reply_to: tuple[Mailbox, ...] = ()
+    cc: tuple[Mailbox, ...] = ()
+    #: Recipients in no header (SMTP: ``RCPT TO`` only).
+    bcc: tuple[Mailbox, ...] = ()
+    #: The bounce address (SMTP ``MAIL FROM``), apart from ``From``; only SMTP carries it.
+    envelope_sender: str | None = None
+    #: Called at send time with the payload; returns the message's ``Attachment``s.
+    attachments: AttachmentMaker | None = None
+    attachment_limits: AttachmentLimits = AttachmentLimits()
 
     @property
     def honours_unsubscribe(self) -> bool:

@@ -10,6 +10,7 @@ from typing import Protocol, runtime_checkable
 from urllib.parse import quote
 
 from email_platform.common.errors import DeliveryError, PermanentError
+from email_platform.mail.addressing import Attachment
 from email_platform.mail.headers import unsafe_header_reason
 
 
@@ -32,6 +33,25 @@ class OutgoingEmail:
     #: ASCII, no line breaks).
     trace_id: str | None = None
     correlation_id: str | None = None
+    #: The route's other addresses (``mail/addressing.py``), each ``addr`` or ``Name <addr>``.
+    reply_to: tuple[str, ...] = ()
+    cc: tuple[str, ...] = ()
+    bcc: tuple[str, ...] = ()
+    #: The SMTP bounce address (``MAIL FROM``), when not the ``From`` address.
+    envelope_sender: str | None = None
+    attachments: tuple[Attachment, ...] = ()
+
+
+def extra_addresses(email: OutgoingEmail) -> list[tuple[str, str]]:
+    """``(role, address)`` of the Reply-To, Cc, Bcc and envelope sender addresses."""
+    found = [
+        (role, value)
+        for role, values in (("reply_to", email.reply_to), ("cc", email.cc), ("bcc", email.bcc))
+        for value in values
+    ]
+    if email.envelope_sender:
+        found.append(("envelope_sender", email.envelope_sender))
+    return found
 
 
 def trace_metadata(email: OutgoingEmail) -> dict[str, str]:
@@ -179,7 +199,9 @@ def header_problem(email: OutgoingEmail) -> PermanentError | None:
     ambiguous: PermanentError | None = None
     # Adapters re-parse addresses (``parseaddr`` strips quotes and group names), so the parts
     # they write are checked as well as the whole.
-    for field_name, address in (("sender", email.sender), ("to", email.to)):
+    for field_name, address in [("sender", email.sender), ("to", email.to)] + extra_addresses(
+        email
+    ):
         display_name, addr_spec = _address_parts(address)
         fields += [(f"{field_name} name", display_name), (f"{field_name} address", addr_spec)]
         bracketed = address.rpartition("<")[2].partition(">")[0] if "<" in address else None
@@ -194,6 +216,8 @@ def header_problem(email: OutgoingEmail) -> PermanentError | None:
         for name, value in (("trace_id", email.trace_id), ("correlation_id", email.correlation_id))
         if value is not None
     ]
+    fields += [(f"attachment {a.filename!r}", a.filename) for a in email.attachments]
+    fields += [(f"attachment {a.filename!r} type", a.content_type) for a in email.attachments]
     fields += [(f"header {name!r}", name) for name in email.headers]
     fields += [(f"header {name!r}", value) for name, value in email.headers.items()]
     for field_name, value in fields:

@@ -23,7 +23,7 @@ from email_platform.common.lanes import Lane, LaneConfig
 from email_platform.common.text import text_problem
 from email_platform.common.timeutil import as_utc, utcnow
 from email_platform.db.schema import email_messages
-from email_platform.mail import unsubscribe
+from email_platform.mail import addressing, unsubscribe
 from email_platform.mail.recipients import RecipientResolver
 from email_platform.mail.rendering import TemplateRenderer
 from email_platform.mail.routes import Route, RouteTable
@@ -266,6 +266,15 @@ class Preparer:
                     )
                     outcome.dead += 1
                     continue
+                try:  # made now, never stored: a failure dead-letters this message alone
+                    addressed = addressing.address(route, payload, self.sender_address)
+                    attachments = addressing.attachments_for(route, payload)
+                except PermanentError as error:
+                    self.recorder.dead_letter_for(
+                        connection, message, error, run_id=run_id, now=now, trace=event
+                    )
+                    outcome.dead += 1
+                    continue
                 work.append(
                     Work(
                         message,
@@ -273,7 +282,7 @@ class Preparer:
                             message_id=message.message_id,
                             event_id=event.event_id,
                             idempotency_key=message.idempotency_key,
-                            sender=self.sender_address,
+                            sender=addressed.sender,
                             to=message.recipient,
                             subject=rendered.subject,
                             text=rendered.text,
@@ -286,6 +295,11 @@ class Preparer:
                             },
                             trace_id=event.trace_id,
                             correlation_id=event.correlation_id,
+                            reply_to=addressed.reply_to,
+                            cc=addressed.cc,
+                            bcc=addressed.bcc,
+                            envelope_sender=addressed.envelope_sender,
+                            attachments=attachments,
                         ),
                         # An event published outside any trace: its send span continues the
                         # render's trace, so the message's spans still form one trace.
