@@ -30,7 +30,9 @@ MAX_EXTRA_ADDRESSES = 50
 DEFAULT_MAX_ATTACHMENTS = 10
 DEFAULT_MAX_ATTACHMENT_BYTES = 7 * 1024 * 1024
 MAX_FILENAME_LENGTH = 150
-_CONTENT_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}")
+_TOKEN = r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}"
+#: ``type/subtype`` as RFC 6838 names them, without parameters.
+_CONTENT_TYPE = re.compile(rf"{_TOKEN}/{_TOKEN}")
 #: The features ``refuse_uncarried`` checks, by the ``Route`` field that asks for them.
 FEATURES = ("reply_to", "cc", "bcc", "envelope_sender", "attachments")
 
@@ -229,8 +231,7 @@ def attachments_for(route: _Addressing, payload: Mapping[str, Any]) -> tuple[Att
     total = sum(len(a.content) for a in checked)
     if total > limits.max_total_bytes:
         raise PermanentError(
-            f"route {route.name}'s attachments are {total} bytes; at most "
-            f"{limits.max_total_bytes}",
+            f"route {route.name}'s attachments are {total} bytes; at most {limits.max_total_bytes}",
             code="attachments_too_large",
         )
     return checked
@@ -266,13 +267,14 @@ def safe_filename(name: Any) -> str:
     text = str(name) if name is not None else ""
     text = re.split(r"[/\\]", text)[-1]
     text = "".join(
-        "_" if unicodedata.category(c)[0] in "CZ" and c != " " or c in "\"'" else c
+        "_" if (unicodedata.category(c)[0] in "CZ" and c != " ") or c in "\"'" else c
         for c in unicodedata.normalize("NFC", text)
     ).strip(" .")
     if len(text) > MAX_FILENAME_LENGTH:
         stem, dot, ext = text.rpartition(".")
         ext = ext[:20] if dot else ""
-        text = (stem if dot else text)[: MAX_FILENAME_LENGTH - len(ext) - 1] + ("." + ext if ext else "")
+        stem = (stem if dot else text)[: MAX_FILENAME_LENGTH - len(ext) - 1]
+        text = f"{stem}.{ext}" if ext else stem
     return text or "attachment"
 
 

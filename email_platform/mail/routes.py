@@ -150,7 +150,7 @@ class Route:
     envelope_sender: str | None = None
     #: Called at send time with the payload; returns the message's ``Attachment``s.
     attachments: AttachmentMaker | None = None
-    attachment_limits: AttachmentLimits = AttachmentLimits()
+    attachment_limits: AttachmentLimits = field(default_factory=AttachmentLimits)
 
     @property
     def honours_unsubscribe(self) -> bool:

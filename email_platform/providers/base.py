@@ -199,9 +199,8 @@ def header_problem(email: OutgoingEmail) -> PermanentError | None:
     ambiguous: PermanentError | None = None
     # Adapters re-parse addresses (``parseaddr`` strips quotes and group names), so the parts
     # they write are checked as well as the whole.
-    for field_name, address in [("sender", email.sender), ("to", email.to)] + extra_addresses(
-        email
-    ):
+    addresses = [("sender", email.sender), ("to", email.to), *extra_addresses(email)]
+    for field_name, address in addresses:
         display_name, addr_spec = _address_parts(address)
         fields += [(f"{field_name} name", display_name), (f"{field_name} address", addr_spec)]
         bracketed = address.rpartition("<")[2].partition(">")[0] if "<" in address else None
