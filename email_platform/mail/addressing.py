@@ -261,11 +261,11 @@ def _checked(route_name: str, item: Any) -> Attachment:
 
 
 def safe_filename(name: Any) -> str:
-    """A file name every adapter can carry: the last path component, control and format
-    characters (CR, LF, NUL, bidi overrides) and quotes replaced by ``_``, at most
+    """A file name every adapter can carry: path separators, control and format characters
+    (CR, LF, NUL, bidi overrides) and quotes replaced by ``_``, at most
     ``MAX_FILENAME_LENGTH`` characters keeping the extension; ``attachment`` if nothing is left."""
     text = str(name) if name is not None else ""
-    text = re.split(r"[/\\]", text)[-1]
+    text = re.sub(r"[/\\]", "_", text)
     text = "".join(
         "_" if (unicodedata.category(c)[0] in "CZ" and c != " ") or c in "\"'" else c
         for c in unicodedata.normalize("NFC", text)

@@ -20,6 +20,7 @@ from email_platform.common import config
 from email_platform.common.errors import ConfigurationError, UnknownEventVersionError
 from email_platform.common.lanes import Lane
 from email_platform.mail.addressing import AttachmentLimits, AttachmentMaker, Mailbox
+from email_platform.mail.receipt_pdf import receipt_attachments
 
 #: The setting that names the route table (``config.ROUTES_SETTING``).
 ROUTES_SETTING = config.ROUTES_SETTING
@@ -386,6 +387,9 @@ def demo_routes() -> RouteTable:
                 ttl_s=7 * 24 * 3600,
                 # The subject reads order_id.
                 header_fields=("first_name", "order_id"),
+                sender=Mailbox(address="billing@example.com", name="Shop billing"),
+                reply_to=(Mailbox(address="support@example.com", name="Shop support"),),
+                attachments=receipt_attachments,
             ),
             Route(
                 name="weekly_digest",
