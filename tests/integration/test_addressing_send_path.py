@@ -6,8 +6,8 @@ an adapter that cannot carry an envelope sender refused before anything is claim
 """
 
 import base64
-from dataclasses import replace
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import pytest

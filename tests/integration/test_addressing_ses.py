@@ -15,7 +15,8 @@ from email_platform.mail.addressing import Attachment
 from email_platform.mail.receipt_pdf import pdf_bytes
 from email_platform.mail.routes import demo_routes
 from email_platform.resources import EmailProviderResource
-from tests.integration.test_ses_moto import REGION, Moto, moto, outgoing, send  # noqa: F401
+from tests.integration.test_ses_moto import REGION, Moto, outgoing, send
+from tests.integration.test_ses_moto import moto as moto
 from tests.ses_model import send_email_problems
 from tests.support import messages_of, publish_one, run_send
 
@@ -53,7 +54,7 @@ def test_attachments_go_as_raw_mime_that_decodes_to_their_bytes(moto: Moto) -> N
     pdf = pdf_bytes(["Receipt for order O-9"])
     mail = outgoing(
         sender="Shöp billing <billing@example.com>",
-        subject="Ihre Quittung – O-9",
+        subject="Ihre Quittung à O-9",
         reply_to=("Support <support@example.com>",),
         cc=("books@example.org",),
         bcc=("archive@example.com",),
@@ -68,7 +69,7 @@ def test_attachments_go_as_raw_mime_that_decodes_to_their_bytes(moto: Moto) -> N
     assert raw.isascii()  # SES takes no SMTPUTF8: 7-bit MIME
     parsed = email_lib.message_from_bytes(raw, policy=email.policy.default)
     assert parsed["From"].addresses[0].display_name == "Shöp billing"
-    assert str(parsed["Subject"]) == "Ihre Quittung – O-9"
+    assert str(parsed["Subject"]) == "Ihre Quittung à O-9"
     assert str(parsed["Reply-To"]) == "Support <support@example.com>"
     assert str(parsed["Cc"]) == "books@example.org"
     assert "Bcc" not in parsed
