@@ -248,6 +248,7 @@ class HttpProvider:
                     content=request.content,
                     files=request.files,
                 )
+                built.read()  # a multipart body (Mailgun's files) is a stream until read
                 auth = self.client.auth
                 if auth is not None:
                     # Basic auth and SigV4 sign in one step, without seeing an answer.

@@ -17,7 +17,9 @@ from email_platform.common.lanes import Lane
 from email_platform.mail.addressing import Attachment, AttachmentLimits, Mailbox
 from email_platform.mail.routes import Route, RouteTable, demo_routes
 from email_platform.resources import EmailProviderResource, RoutingResource
+from email_platform.sandbox.asgi import BackgroundServer
 from email_platform.store import outbox
+from tests.provider_stubs.mailgun import MailgunStub
 from tests.support import (
     dead_letters_of,
     event,
@@ -231,3 +233,38 @@ def test_an_adapter_that_cannot_carry_a_field_refuses_at_start_up(engine, databa
     # Refused before claiming: the event still waits, untouched.
     assert event(engine, event_id).status == outbox.PENDING
     assert messages_of(engine, event_id) == []
+
+
+def test_the_demo_receipt_through_the_send_job_over_mailgun(engine, database_url):
+    """Mailgun's request turns multipart once it carries a file, on the event-loop path too."""
+    stub = MailgunStub("key-test", "mg.example.com")
+    event_id = _invoice(engine, "I-5", files=1)
+    with BackgroundServer(stub.app) as url:
+        result = run_send(
+            database_url,
+            "unused",
+            "transactional",
+            [event_id],
+            routing=_routing(),
+            provider=EmailProviderResource(
+                provider="mailgun",
+                base_url=url,
+                api_key="key-test",
+                options_json='{"domain": "mg.example.com"}',
+            ),
+        )
+    assert result.success
+    (accepted,) = stub.accepted
+    form = accepted["form"]
+    assert form["from"] == '"Zoë, Sales" <sales@shop.example.com>'
+    assert (form["cc"], form["bcc"]) == ("books@example.org", "archive@example.com")
+    assert form["h:Reply-To"] == "sales@shop.example.com"
+    assert form["v:event_id"] == event_id
+    (attachment,) = form["attachment"]
+    assert attachment == {
+        "filename": "_invoice-0__.txt",
+        "content_type": "text/plain",
+        "content": b"line 0\n",
+    }
+    (message,) = messages_of(engine, event_id)
+    assert message.status == "sent"
