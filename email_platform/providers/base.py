@@ -199,6 +199,7 @@ def header_problem(email: OutgoingEmail) -> PermanentError | None:
     ambiguous: PermanentError | None = None
     # Adapters re-parse addresses (``parseaddr`` strips quotes and group names), so the parts
     # they write are checked as well as the whole.
+    fields += extra_addresses(email)
     addresses = [("sender", email.sender), ("to", email.to), *extra_addresses(email)]
     for field_name, address in addresses:
         display_name, addr_spec = _address_parts(address)
