@@ -30,6 +30,7 @@ from email_platform.mail.routes import Route, RouteTable
 from email_platform.observability import tracing
 from email_platform.providers.base import OutgoingEmail
 from email_platform.publishing.validation import check_address
+from email_platform.sending.attach import Wanted, attach_files
 from email_platform.sending.record import Recorder
 from email_platform.sending.types import MAX_CLAIMS, BatchOutcome, Work
 from email_platform.store import dead_letters, email_events, messages, outbox, suppressions
@@ -97,6 +98,7 @@ class Preparer:
         # Asked once per batch: with tracing off, no span work per message.
         traced = tracing.active()
         work: list[Work] = []
+        wanted: list[Wanted] = []
         with self.engine.begin() as connection:
             existing: dict[tuple[str, str], Row] = {
                 (m.event_id, m.route): m
@@ -266,9 +268,8 @@ class Preparer:
                     )
                     outcome.dead += 1
                     continue
-                try:  # made now, never stored: a failure dead-letters this message alone
+                try:  # a failure dead-letters this message alone
                     addressed = addressing.address(route, payload, self.sender_address)
-                    attachments = addressing.attachments_for(route, payload)
                 except PermanentError as error:
                     self.recorder.dead_letter_for(
                         connection, message, error, run_id=run_id, now=now, trace=event
@@ -299,14 +300,17 @@ class Preparer:
                             cc=addressed.cc,
                             bcc=addressed.bcc,
                             envelope_sender=addressed.envelope_sender,
-                            attachments=attachments,
                         ),
                         # An event published outside any trace: its send span continues the
                         # render's trace, so the message's spans still form one trace.
                         event.trace_context or tracing.carrier_of(render_span),
                     )
                 )
-        return work
+                if route.attachments is not None:  # made once this transaction has committed
+                    wanted.append(Wanted(len(work) - 1, route, payload, event))
+        return attach_files(
+            self.engine, self.recorder, work, wanted, run_id=run_id, outcome=outcome
+        )
 
     def _look_up_recipients(self, claimed: Sequence[Row]) -> dict[str, str | None]:
         """Resolve looked-up recipients before the write transaction opens.

@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from sqlalchemy import create_engine, insert, make_url, select
 
 from email_platform.common.errors import ConfigurationError, HeaderInjectionError, PublishError
 from email_platform.common.lanes import Lane
@@ -24,17 +25,38 @@ from tests.support import (
     dead_letters_of,
     event,
     messages_of,
+    product,
     publish_one,
     run_send,
     sandbox_messages,
+    users,
 )
 
 ROUTES = "tests.integration.test_addressing_send_path:routes"
 
 
+#: Where ``_files`` records that it ran, when a test sets it (a product writing an audit row).
+AUDIT: dict[str, str] = {}
+
+
 def _files(payload: Mapping[str, Any]) -> list[Attachment]:
     if payload.get("order_id") == "boom":
         raise RuntimeError("the invoice service is down")
+    if "url" in AUDIT:
+        # A write of the product's, with a 1 s lock timeout: it would wait (and fail) if the
+        # send path still held its transaction (SQLite's one write lock) while files are made.
+        url = make_url(AUDIT["url"])
+        audit = create_engine(
+            url, connect_args={"timeout": 1} if url.drivername == "sqlite" else {}
+        )
+        try:
+            with audit.begin() as connection:
+                product.create_all(connection)
+                connection.execute(
+                    insert(users).values(id=f"audit-{payload['order_id']}", email="a@example.com")
+                )
+        finally:
+            audit.dispose()
     count = int(payload.get("files", 1))
     return [
         Attachment(f"../invoice-{i}\r\n.txt", "text/plain", f"line {i}\n".encode())
@@ -268,3 +290,18 @@ def test_the_demo_receipt_through_the_send_job_over_mailgun(engine, database_url
     }
     (message,) = messages_of(engine, event_id)
     assert message.status == "sent"
+
+
+def test_files_are_made_after_the_send_path_commits_so_they_may_touch_the_database(
+    engine, database_url, sandbox, monkeypatch
+):
+    monkeypatch.setitem(AUDIT, "url", database_url)
+    event_id = _invoice(engine, "I-6")
+    result = run_send(
+        database_url, sandbox.base_url, "transactional", [event_id], routing=_routing()
+    )
+    assert result.success
+    (seen,) = sandbox_messages(sandbox.base_url, event_id)
+    assert [a["filename"] for a in seen["attachments"]] == ["_invoice-0__.txt"]
+    with engine.connect() as connection:
+        assert connection.execute(select(users.c.id).where(users.c.id == "audit-I-6")).all()
