@@ -79,9 +79,6 @@ class Mailbox:
         name, address = parseaddr(value)
         return cls(address=address or value, name=name or None)
 
-    def payload_fields(self) -> tuple[str, ...]:
-        return tuple(f for f in (self.address_field, self.name_field) if f)
-
     def check_payload(self, payload: Mapping[str, Any], what: str) -> None:
         """What ``publish()`` refuses: a missing or invalid address, a name that is not one."""
         if self.address_field is not None:
@@ -187,11 +184,6 @@ def check_payload(route: _Addressing, payload: Mapping[str, Any]) -> None:
     """``publish()``'s check of the payload fields the route's addresses read."""
     for role, box in _mailboxes(route):
         box.check_payload(payload, f"route {route.name}'s {role}")
-
-
-def payload_fields(route: _Addressing) -> set[str]:
-    """The payload fields the route's addresses read (erasure and header checks name them)."""
-    return {f for _, box in _mailboxes(route) for f in box.payload_fields()}
 
 
 def address(route: _Addressing, payload: Mapping[str, Any], default_sender: str) -> Addressed:
