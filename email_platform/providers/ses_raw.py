@@ -13,6 +13,7 @@ from collections.abc import Callable
 from email.utils import parseaddr
 from typing import Any
 
+from email_platform.common.errors import PermanentError
 from email_platform.providers.base import OutgoingEmail
 from email_platform.providers.smtp_message import LINE_SHOULD, SmtpMessage, address_list, phrase
 
@@ -59,5 +60,10 @@ def raw_content(
     message.add("Subject", email.subject)
     for header in headers:
         message.add(header["Name"], header["Value"])
-    data = message.as_bytes(eight_bit=False)
+    try:
+        data = message.as_bytes(eight_bit=False)
+    except (UnicodeError, ValueError) as exc:  # text no UTF-8 can carry (a lone surrogate)
+        raise PermanentError(
+            f"the message cannot be serialized: {exc}", code="unencodable_text"
+        ) from exc
     return {"Raw": {"Data": base64.b64encode(data).decode("ascii")}}

@@ -252,3 +252,19 @@ def test_the_demo_receipt_pdf_is_well_formed() -> None:
     assert len(stream) == length
     assert b"(Receipt for order O-\\(1\\)) '" in stream and b"Tasse ?" in stream
     assert pdf_bytes(["a"]) != pdf_bytes(["b"])
+
+
+def test_ses_raw_content_names_text_it_cannot_serialize() -> None:
+    from botocore.credentials import Credentials
+
+    from email_platform.providers.ses import SesProvider
+
+    ses = SesProvider(credentials=Credentials("AKID", "secret"))
+    try:
+        email = _email(text="broken \ud800", attachments=(Attachment("a.txt", "text/plain", b"x"),))
+        with pytest.raises(PermanentError) as raised:
+            ses.body(email)
+        assert raised.value.code == "unencodable_text"
+        assert set(ses.body(_email(attachments=email.attachments))["Content"]) == {"Raw"}
+    finally:
+        ses.close()
