@@ -181,7 +181,9 @@ def check_route(route: _Addressing) -> None:
 
 
 def check_payload(route: _Addressing, payload: Mapping[str, Any]) -> None:
-    """``publish()``'s check of the payload fields the route's addresses read."""
+    """``publish()``'s check of the payload fields the route's addresses read (a route set up
+    wrong is a ``ConfigurationError`` naming it, as at a run's start)."""
+    check_route(route)
     for role, box in _mailboxes(route):
         box.check_payload(payload, f"route {route.name}'s {role}")
 
