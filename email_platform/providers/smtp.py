@@ -16,7 +16,9 @@ adapter, not the standard library's folder: ASCII values folded at whitespace on
 words; non-ASCII text as encoded words that decode exactly; domains as IDNA A-labels. Any
 header value (subject, display name, custom header) holding CR or LF is refused before a
 connection is opened (``PermanentError``, code ``header_injection``). The envelope is given
-explicitly, so no header can add a recipient.
+explicitly, so no header can add a recipient. A route's ``Reply-To`` and ``Cc`` become headers,
+its Cc and Bcc more ``RCPT TO``s (Bcc in no header), its envelope sender the ``MAIL FROM``, and
+attachments make the body ``multipart/mixed`` (docs/addressing.md).
 
 What the server offered decides the transaction: ``BODY=8BITMIME`` and 8-bit parts where it
 offers 8BITMIME, quoted-printable where it does not; ``SMTPUTF8`` where an address has a
