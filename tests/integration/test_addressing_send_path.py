@@ -21,6 +21,9 @@ from email_platform.resources import EmailProviderResource, RoutingResource
 from email_platform.sandbox.asgi import BackgroundServer
 from email_platform.store import outbox
 from tests.provider_stubs.mailgun import MailgunStub
+from tests.provider_stubs.postmark import PostmarkStub
+from tests.provider_stubs.resend import ResendStub
+from tests.provider_stubs.sendgrid import SendGridStub
 from tests.support import (
     dead_letters_of,
     event,
@@ -305,3 +308,68 @@ def test_files_are_made_after_the_send_path_commits_so_they_may_touch_the_databa
     assert [a["filename"] for a in seen["attachments"]] == ["_invoice-0__.txt"]
     with engine.connect() as connection:
         assert connection.execute(select(users.c.id).where(users.c.id == "audit-I-6")).all()
+
+
+def _postmark_seen(stub: Any) -> dict[str, Any]:
+    (body,) = stub.accepted
+    return {
+        "reply_to": body["ReplyTo"],
+        "cc": body["Cc"],
+        "bcc": body["Bcc"],
+        "files": [(a["Name"], a["ContentType"], a["Content"]) for a in body["Attachments"]],
+    }
+
+
+def _sendgrid_seen(stub: Any) -> dict[str, Any]:
+    body = stub.accepted[0]["body"]
+    (personalization,) = body["personalizations"]
+    return {
+        "reply_to": body["reply_to"]["email"],
+        "cc": personalization["cc"][0]["email"],
+        "bcc": personalization["bcc"][0]["email"],
+        "files": [(a["filename"], a["type"], a["content"]) for a in body["attachments"]],
+    }
+
+
+def _resend_seen(stub: Any) -> dict[str, Any]:
+    (body,) = stub.accepted
+    return {
+        "reply_to": body["reply_to"][0],
+        "cc": body["cc"][0],
+        "bcc": body["bcc"][0],
+        "files": [(a["filename"], a["content_type"], a["content"]) for a in body["attachments"]],
+    }
+
+
+STUBS = {
+    "postmark": (lambda: PostmarkStub(server_token="pm-token"), "pm-token", _postmark_seen),
+    "sendgrid": (lambda: SendGridStub(api_key="SG.key"), "SG.key", _sendgrid_seen),
+    "resend": (lambda: ResendStub(api_key="re_key"), "re_key", _resend_seen),
+}
+
+
+@pytest.mark.parametrize("provider", sorted(STUBS))
+def test_the_json_providers_get_reply_to_cc_bcc_and_files_through_the_send_job(
+    engine, database_url, provider
+):
+    make, key, seen = STUBS[provider]
+    stub = make()
+    event_id = _invoice(engine, "I-7", files=1)
+    with BackgroundServer(stub.app) as url:
+        result = run_send(
+            database_url,
+            "unused",
+            "transactional",
+            [event_id],
+            routing=_routing(),
+            provider=EmailProviderResource(provider=provider, base_url=url, api_key=key),
+        )
+    assert result.success
+    assert seen(stub) == {
+        "reply_to": "sales@shop.example.com",
+        "cc": "books@example.org",
+        "bcc": "archive@example.com",
+        "files": [("_invoice-0__.txt", "text/plain", base64.b64encode(b"line 0\n").decode())],
+    }
+    (message,) = messages_of(engine, event_id)
+    assert message.status == "sent"
