@@ -17,6 +17,7 @@ from email_platform.common.errors import ConfigurationError, HeaderInjectionErro
 from email_platform.common.lanes import Lane
 from email_platform.mail.addressing import Attachment, AttachmentLimits, Mailbox
 from email_platform.mail.routes import Route, RouteTable, demo_routes
+from email_platform.operating.admin import requeue_dead_letters
 from email_platform.resources import EmailProviderResource, RoutingResource
 from email_platform.sandbox.asgi import BackgroundServer
 from email_platform.store import outbox
@@ -38,12 +39,14 @@ from tests.support import (
 ROUTES = "tests.integration.test_addressing_send_path:routes"
 
 
+#: Orders whose invoice service is down, while a test says so.
+DOWN: set[str] = set()
 #: Where ``_files`` records that it ran, when a test sets it (a product writing an audit row).
 AUDIT: dict[str, str] = {}
 
 
 def _files(payload: Mapping[str, Any]) -> list[Attachment]:
-    if payload.get("order_id") == "boom":
+    if payload.get("order_id") == "boom" or payload.get("order_id") in DOWN:
         raise RuntimeError("the invoice service is down")
     if "url" in AUDIT:
         # A write of the product's, with a 1 s lock timeout: it would wait (and fail) if the
@@ -373,3 +376,29 @@ def test_the_json_providers_get_reply_to_cc_bcc_and_files_through_the_send_job(
     }
     (message,) = messages_of(engine, event_id)
     assert message.status == "sent"
+
+
+def test_a_message_dead_for_its_files_is_sent_once_when_replayed_after_the_fix(
+    engine, database_url, sandbox
+):
+    DOWN.add("I-8")
+    try:
+        event_id = _invoice(engine, "I-8")
+        first = run_send(
+            database_url, sandbox.base_url, "transactional", [event_id], routing=_routing()
+        )
+        assert not first.success
+        (letter,) = dead_letters_of(engine, event_id)
+        assert letter.error_code == "attachment_failed"
+    finally:
+        DOWN.discard("I-8")  # the invoice service is back
+    requeue_dead_letters(engine, [letter])
+    again = run_send(
+        database_url, sandbox.base_url, "transactional", [event_id], routing=_routing()
+    )
+    assert again.success
+    assert dead_letters_of(engine, event_id)[0].status == "replayed"
+    (message,) = messages_of(engine, event_id)
+    assert message.status == "sent"
+    (seen,) = sandbox_messages(sandbox.base_url, event_id)
+    assert [a["filename"] for a in seen["attachments"]] == ["_invoice-0__.txt"]
