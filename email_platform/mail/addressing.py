@@ -125,8 +125,14 @@ class AttachmentMaker(Protocol):
 
 @dataclass(frozen=True)
 class AttachmentLimits:
+    """At most ``max_count`` files of ``max_total_bytes`` in all, per message."""
+
     max_count: int = DEFAULT_MAX_ATTACHMENTS
     max_total_bytes: int = DEFAULT_MAX_ATTACHMENT_BYTES
+
+    def __post_init__(self) -> None:
+        if self.max_count < 0 or self.max_total_bytes < 0:
+            raise ConfigurationError("attachment limits cannot be negative")
 
 
 @dataclass(frozen=True)
