@@ -385,9 +385,12 @@ def run_demo(
                     time.sleep(2)
                 elapsed = time.monotonic() - started
             report = summarize(engine, event_ids)
+            receipt = _receipt_as_sent(sandbox_url)
     finally:
         receiver.stop()
     _print_report(report, elapsed, dagster_home)
+    if receipt:
+        click.echo(receipt)
     _print_funnel(database_url, dagster_home, event_ids)
     if report["not_done"]:
         click.echo(
@@ -445,6 +448,21 @@ def _query_hints(warehouse_path: str) -> list[str]:
         f"  or: {_command('email-platform')} analytics ask welcome_open_rate_last_7_days "
         f"--warehouse {shlex.quote(warehouse_path)}",
     ]
+
+
+def _receipt_as_sent(sandbox_url: str) -> str | None:
+    """One receipt as the provider got it: its From, Reply-To and PDF (docs/addressing.md)."""
+    answer = httpx.get(f"{sandbox_url}/_sandbox/messages", timeout=10.0).json()
+    for message in answer["messages"]:
+        if message["metadata"].get("template") == "receipt" and message.get("attachments"):
+            pdf = message["attachments"][0]
+            size = len(base64.b64decode(pdf["content"]))
+            return (
+                f"A receipt as sent: From {message['from']}, Reply-To "
+                f"{', '.join(message.get('reply_to') or [])}, attached {pdf['filename']} "
+                f"({pdf['content_type']}, {size} bytes)"
+            )
+    return None
 
 
 def _print_report(report: dict, elapsed: float, dagster_home: Path) -> None:

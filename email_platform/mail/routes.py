@@ -19,8 +19,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from email_platform.common import config
 from email_platform.common.errors import ConfigurationError, UnknownEventVersionError
 from email_platform.common.lanes import Lane
+from email_platform.mail.addressing import AttachmentLimits, AttachmentMaker, Mailbox
 from email_platform.mail.locales import LocaleLookup
 from email_platform.mail.provider_templates import ProviderTemplate
+from email_platform.mail.receipt_pdf import receipt_attachments
 
 #: The setting that names the route table (``config.ROUTES_SETTING``).
 ROUTES_SETTING = config.ROUTES_SETTING
@@ -148,6 +150,17 @@ class Route:
     #: A template kept at the provider, rendered there (docs/provider-templates.md); ``template``
     #: then names a local one to fall back on where the provider has none (SMTP), or is "".
     provider_template: ProviderTemplate | None = None
+    #: ``From``; None: ``EMAIL_PLATFORM_SENDER`` (docs/addressing.md, ``mail/addressing.py``).
+    sender: Mailbox | None = None
+    reply_to: tuple[Mailbox, ...] = ()
+    cc: tuple[Mailbox, ...] = ()
+    #: Recipients in no header (SMTP: ``RCPT TO`` only).
+    bcc: tuple[Mailbox, ...] = ()
+    #: The bounce address (SMTP ``MAIL FROM``), apart from ``From``; only SMTP carries it.
+    envelope_sender: str | None = None
+    #: Called at send time with the payload; returns the message's ``Attachment``s.
+    attachments: AttachmentMaker | None = None
+    attachment_limits: AttachmentLimits = field(default_factory=AttachmentLimits)
 
     def __post_init__(self) -> None:
         if self.provider_template is not None:
@@ -411,6 +424,9 @@ def demo_routes() -> RouteTable:
                 ttl_s=7 * 24 * 3600,
                 # The subject reads order_id.
                 header_fields=("first_name", "order_id"),
+                sender=Mailbox(address="billing@example.com", name="Shop billing"),
+                reply_to=(Mailbox(address="support@example.com", name="Shop support"),),
+                attachments=receipt_attachments,
             ),
             Route(
                 name="weekly_digest",

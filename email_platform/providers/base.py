@@ -10,6 +10,7 @@ from typing import Protocol, runtime_checkable
 from urllib.parse import quote
 
 from email_platform.common.errors import DeliveryError, PermanentError
+from email_platform.mail.addressing import Attachment
 from email_platform.mail.headers import unsafe_header_reason
 from email_platform.mail.provider_templates import ProviderTemplateCall
 
@@ -36,6 +37,25 @@ class OutgoingEmail:
     #: A provider-hosted template to render instead of subject/text/html (which are then
     #: empty): ``providers/templated.py`` builds each provider's form of it.
     provider_template: ProviderTemplateCall | None = None
+    #: The route's other addresses (``mail/addressing.py``), each ``addr`` or ``Name <addr>``.
+    reply_to: tuple[str, ...] = ()
+    cc: tuple[str, ...] = ()
+    bcc: tuple[str, ...] = ()
+    #: The SMTP bounce address (``MAIL FROM``), when not the ``From`` address.
+    envelope_sender: str | None = None
+    attachments: tuple[Attachment, ...] = ()
+
+
+def extra_addresses(email: OutgoingEmail) -> list[tuple[str, str]]:
+    """``(role, address)`` of the Reply-To, Cc, Bcc and envelope sender addresses."""
+    found = [
+        (role, value)
+        for role, values in (("reply_to", email.reply_to), ("cc", email.cc), ("bcc", email.bcc))
+        for value in values
+    ]
+    if email.envelope_sender:
+        found.append(("envelope_sender", email.envelope_sender))
+    return found
 
 
 def trace_metadata(email: OutgoingEmail) -> dict[str, str]:
@@ -183,7 +203,9 @@ def header_problem(email: OutgoingEmail) -> PermanentError | None:
     ambiguous: PermanentError | None = None
     # Adapters re-parse addresses (``parseaddr`` strips quotes and group names), so the parts
     # they write are checked as well as the whole.
-    for field_name, address in (("sender", email.sender), ("to", email.to)):
+    fields += extra_addresses(email)
+    addresses = [("sender", email.sender), ("to", email.to), *extra_addresses(email)]
+    for field_name, address in addresses:
         display_name, addr_spec = _address_parts(address)
         fields += [(f"{field_name} name", display_name), (f"{field_name} address", addr_spec)]
         bracketed = address.rpartition("<")[2].partition(">")[0] if "<" in address else None
@@ -198,6 +220,8 @@ def header_problem(email: OutgoingEmail) -> PermanentError | None:
         for name, value in (("trace_id", email.trace_id), ("correlation_id", email.correlation_id))
         if value is not None
     ]
+    fields += [(f"attachment {a.filename!r}", a.filename) for a in email.attachments]
+    fields += [(f"attachment {a.filename!r} type", a.content_type) for a in email.attachments]
     fields += [(f"header {name!r}", name) for name in email.headers]
     fields += [(f"header {name!r}", value) for name, value in email.headers.items()]
     for field_name, value in fields:

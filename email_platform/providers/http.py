@@ -33,6 +33,8 @@ class ProviderRequest:
     json: Any = None
     data: Mapping[str, Any] | list[tuple[str, str]] | None = None
     content: bytes | None = None
+    #: Multipart files, ``[(field, (filename, bytes, content type))]`` (Mailgun's attachments).
+    files: list[tuple[str, tuple[str, bytes, str]]] | None = None
 
 
 class HttpProvider:
@@ -226,6 +228,7 @@ class HttpProvider:
                 json=request.json,
                 data=request.data,
                 content=request.content,
+                files=request.files,
             )
         except httpx.HTTPError as exc:
             raise classify_exception(exc) from exc
@@ -243,7 +246,9 @@ class HttpProvider:
                     json=request.json,
                     data=request.data,
                     content=request.content,
+                    files=request.files,
                 )
+                built.read()  # a multipart body (Mailgun's files) is a stream until read
                 auth = self.client.auth
                 if auth is not None:
                     # Basic auth and SigV4 sign in one step, without seeing an answer.

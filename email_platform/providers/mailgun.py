@@ -39,7 +39,7 @@ import httpx
 from email_platform.common.classify import classify_response, reason_code
 from email_platform.common.config import ProviderSettings
 from email_platform.common.errors import ConfigurationError, DeliveryError
-from email_platform.providers import templated
+from email_platform.providers import templated, wire
 from email_platform.providers.base import Accepted, OutgoingEmail, trace_metadata
 from email_platform.providers.http import HttpProvider, ProviderRequest
 
@@ -57,6 +57,7 @@ def _base(url: str) -> str:
 
 class MailgunProvider(HttpProvider):
     name = "mailgun"
+    cannot_carry = frozenset({"envelope_sender"})
 
     def __init__(
         self,
@@ -107,6 +108,7 @@ class MailgunProvider(HttpProvider):
         }
         if email.html:
             fields["html"] = email.html
+        fields.update(wire.mailgun_fields(email))
         fields["o:tag"] = email.template
         for name, value in email.headers.items():
             fields[f"h:{name}"] = str(value)
@@ -115,7 +117,7 @@ class MailgunProvider(HttpProvider):
         for name, value in trace_metadata(email).items():
             fields[f"v:{name}"] = value
         templated.mailgun_fields(fields, email)
-        return ProviderRequest("POST", self.path, data=fields)
+        return ProviderRequest("POST", self.path, data=fields, files=wire.mailgun_files(email))
 
     def accepted(self, response: httpx.Response) -> Accepted:
         # A 200 without an id is not Mailgun's answer (a proxy, a wrong base URL): the base

@@ -32,7 +32,7 @@ import httpx
 from email_platform.common.classify import classify_response, parse_retry_after
 from email_platform.common.config import ProviderSettings
 from email_platform.common.errors import ConfigurationError, DeliveryError, TransientError
-from email_platform.providers import templated
+from email_platform.providers import templated, wire
 from email_platform.providers.base import Accepted, OutgoingEmail, trace_metadata
 from email_platform.providers.http import HttpProvider, ProviderRequest
 
@@ -46,6 +46,8 @@ TRANSIENT_ERROR_CODES = frozenset({100, 429})
 
 class PostmarkProvider(HttpProvider):
     name = "postmark"
+    #: Postmark sets the bounce address (its own Return-Path domain).
+    cannot_carry = frozenset({"envelope_sender"})
 
     def __init__(
         self,
@@ -102,6 +104,7 @@ class PostmarkProvider(HttpProvider):
         if email.html is not None:
             body["HtmlBody"] = email.html
         body["Headers"] = [{"Name": name, "Value": value} for name, value in email.headers.items()]
+        body.update(wire.postmark_fields(email))
         body["Tag"] = email.template
         metadata = {
             "event_id": email.event_id,

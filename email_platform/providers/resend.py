@@ -52,7 +52,7 @@ from email_platform.common.errors import (
     TransientError,
 )
 from email_platform.common.tags import tag_value
-from email_platform.providers import templated
+from email_platform.providers import templated, wire
 from email_platform.providers.base import (
     Accepted,
     OutgoingEmail,
@@ -78,6 +78,7 @@ QUOTA_ERRORS = frozenset({"daily_quota_exceeded", "monthly_quota_exceeded"})
 
 class ResendProvider(HttpProvider):
     name = "resend"
+    cannot_carry = frozenset({"envelope_sender"})
 
     def __init__(
         self,
@@ -111,6 +112,7 @@ class ResendProvider(HttpProvider):
         }
         if email.html is not None:
             body["html"] = email.html
+        body.update(wire.resend_fields(email))
         if email.headers:
             body["headers"] = dict(email.headers)
         body["tags"] = [

@@ -12,7 +12,7 @@ import httpx
 from email_platform.common.classify import classify_response
 from email_platform.common.config import ProviderSettings
 from email_platform.common.errors import ConfigurationError, DeliveryError
-from email_platform.providers import templated
+from email_platform.providers import templated, wire
 from email_platform.providers.base import (
     Accepted,
     OutgoingEmail,
@@ -78,6 +78,7 @@ class SandboxProvider(HttpProvider):
                 **trace_metadata(email),
             },
             "tags": [email.template, email.lane],
+            **wire.sandbox_fields(email),
         }
         templated.sandbox_body(body, email)
         return body

@@ -55,7 +55,7 @@ from email_platform.common.errors import (
     PermanentError,
     TransientError,
 )
-from email_platform.providers import templated
+from email_platform.providers import templated, wire
 from email_platform.providers.base import Accepted, OutgoingEmail, trace_metadata
 from email_platform.providers.http import HttpProvider, ProviderRequest
 
@@ -99,6 +99,7 @@ def retry_after_from_reset(
 
 class SendGridProvider(HttpProvider):
     name = "sendgrid"
+    cannot_carry = frozenset({"envelope_sender"})
 
     def __init__(self, base_url: str = DEFAULT_BASE_URL, *, api_key: str, **kwargs: Any) -> None:
         super().__init__(_base(base_url), headers={"Authorization": f"Bearer {api_key}"}, **kwargs)
@@ -138,6 +139,7 @@ class SendGridProvider(HttpProvider):
             "subject": email.subject,
             "content": content,
         }
+        wire.sendgrid_fields(email, body, _address)
         if email.headers:
             body["headers"] = {str(k): str(v) for k, v in email.headers.items()}
         body["categories"] = [email.template]

@@ -66,7 +66,7 @@ from email_platform.common.errors import (
     TransientError,
 )
 from email_platform.common.tags import tag_value
-from email_platform.providers import templated
+from email_platform.providers import ses_raw, templated
 from email_platform.providers.base import Accepted, OutgoingEmail, header_problem, trace_metadata
 from email_platform.providers.http import HttpProvider, ProviderRequest
 
@@ -226,6 +226,8 @@ class SesProvider(HttpProvider):
     """Amazon SES v2 ``SendEmail`` over one keep-alive client, signed per request."""
 
     name = "ses"
+    #: SES writes its own MAIL FROM (its custom MAIL FROM domain setting).
+    cannot_carry = frozenset({"envelope_sender"})
 
     def __init__(
         self,
@@ -277,14 +279,18 @@ class SesProvider(HttpProvider):
             content_body["Html"] = {"Data": email.html, "Charset": "UTF-8"}
         request: dict[str, Any] = {
             "FromEmailAddress": from_address(email.sender),
-            "Destination": {"ToAddresses": [ses_address(email.to, "to")]},
+            "Destination": ses_raw.destination(email, ses_address),
             "Content": {
                 "Simple": {
                     "Subject": {"Data": email.subject, "Charset": "UTF-8"},
                     "Body": content_body,
                     "Headers": _headers(email),
                 }
-            },
+            }
+            if not email.attachments
+            else ses_raw.raw_content(email, _headers(email), ascii_address),
+            # Raw content carries its Reply-To header itself.
+            **({} if email.attachments else ses_raw.reply_to(email, ses_address)),
             "EmailTags": [
                 {"Name": "event_id", "Value": tag_value(email.event_id)},
                 {"Name": "idempotency_key", "Value": tag_value(email.idempotency_key)},

@@ -16,7 +16,9 @@ adapter, not the standard library's folder: ASCII values folded at whitespace on
 words; non-ASCII text as encoded words that decode exactly; domains as IDNA A-labels. Any
 header value (subject, display name, custom header) holding CR or LF is refused before a
 connection is opened (``PermanentError``, code ``header_injection``). The envelope is given
-explicitly, so no header can add a recipient.
+explicitly, so no header can add a recipient. A route's ``Reply-To`` and ``Cc`` become headers,
+its Cc and Bcc more ``RCPT TO``s (Bcc in no header), its envelope sender the ``MAIL FROM``, and
+attachments make the body ``multipart/mixed`` (docs/addressing.md).
 
 What the server offered decides the transaction: ``BODY=8BITMIME`` and 8-bit parts where it
 offers 8BITMIME, quoted-printable where it does not; ``SMTPUTF8`` where an address has a
@@ -73,7 +75,13 @@ from email_platform.common.errors import (
 )
 from email_platform.providers import templated
 from email_platform.providers.base import Accepted, OutgoingEmail, RateLimiter, header_problem
-from email_platform.providers.smtp_message import LINE_SHOULD, SmtpMessage, phrase, wire_address
+from email_platform.providers.smtp_message import (
+    LINE_SHOULD,
+    SmtpMessage,
+    address_list,
+    phrase,
+    wire_address,
+)
 
 #: Headers the adapter writes itself; a route may not override them.
 RESERVED_HEADERS = frozenset(
@@ -193,22 +201,28 @@ class SmtpProvider:
         display_name, sender_address = parseaddr(email.sender)
         if "@" not in sender_address:
             raise PermanentError(f"sender {email.sender!r} has no address", code="invalid_sender")
-        envelope_from, sender_utf8 = wire_address(sender_address, "sender")
+        from_address, sender_utf8 = wire_address(sender_address, "sender")
+        envelope_from = from_address
+        if email.envelope_sender:  # the bounce address, apart from From
+            envelope_from, bounce_utf8 = wire_address(email.envelope_sender, "envelope_sender")
+            sender_utf8 = sender_utf8 or bounce_utf8
         envelope_to, recipient_utf8 = wire_address(email.to, "recipient")
         message = SmtpMessage(envelope_from, envelope_to, email.text, email.html)
         message.needs_smtputf8(recipient_utf8)
         message.needs_smtputf8(sender_utf8)
+        message.attachments = email.attachments
         if display_name:
             name = phrase(display_name, LINE_SHOULD - len("From: "))
             message.add_raw(
-                "From", f"{display_name} <{envelope_from}>", f"From: {name} <{envelope_from}>\r\n"
+                "From", f"{display_name} <{from_address}>", f"From: {name} <{from_address}>\r\n"
             )
         else:
-            message.add_raw("From", envelope_from, f"From: {envelope_from}\r\n")
+            message.add_raw("From", from_address, f"From: {from_address}\r\n")
         message.add_raw("To", envelope_to, f"To: {envelope_to}\r\n")
+        _add_addresses(message, email)
         message.add("Subject", email.subject)
         message.add("Date", format_datetime(self.clock().astimezone(UTC)))
-        domain = envelope_from.rsplit("@", 1)[1]
+        domain = from_address.rsplit("@", 1)[1]
         message.add("Message-ID", message_id_for(email.idempotency_key, domain))
         message.add("X-Email-Event-Id", email.event_id)
         message.add("X-Email-Idempotency-Key", email.idempotency_key)
@@ -368,9 +382,10 @@ def _transact(connection: smtplib.SMTP, message: SmtpMessage, server: str, *, re
     # A transaction is open from here: every way out of it below aborts it.
     in_data = False
     try:
-        code, reply = connection.rcpt(message.envelope_to)
-        if code not in (250, 251):
-            raise smtplib.SMTPRecipientsRefused({message.envelope_to: (code, reply)})
+        for recipient in (message.envelope_to, *message.extra_recipients):  # Bcc: RCPT only
+            code, reply = connection.rcpt(recipient)
+            if code not in (250, 251):
+                raise smtplib.SMTPRecipientsRefused({recipient: (code, reply)})
         in_data = True
         code, reply = connection.data(payload)  # SMTPDataError when DATA gets no 354
         if code != 250:
@@ -393,6 +408,26 @@ def _transact(connection: smtplib.SMTP, message: SmtpMessage, server: str, *, re
         else:
             _reset(connection, 0)
         raise
+
+
+def _add_addresses(message: SmtpMessage, email: OutgoingEmail) -> None:
+    """``Cc`` and ``Reply-To`` headers; Cc and Bcc as more recipients of the envelope (Bcc in
+    no header)."""
+    for name, role, values in (("Cc", "cc", email.cc), ("Reply-To", "reply_to", email.reply_to)):
+        entries = []
+        for value in values:
+            display_name, address = parseaddr(value)
+            wired, utf8 = wire_address(address, role)
+            message.needs_smtputf8(utf8)
+            entries.append((display_name, wired))
+            if role == "cc":
+                message.extra_recipients.append(wired)
+        if entries:
+            message.add_raw(name, *address_list(name, entries))
+    for value in email.bcc:
+        wired, utf8 = wire_address(parseaddr(value)[1], "bcc")
+        message.needs_smtputf8(utf8)
+        message.extra_recipients.append(wired)
 
 
 def _reset(connection: smtplib.SMTP, code: int) -> None:

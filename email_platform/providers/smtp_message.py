@@ -26,7 +26,7 @@ always quoted-printable.
 """
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from email.errors import HeaderParseError
 from email.headerregistry import Address
 from email.message import EmailMessage
@@ -35,6 +35,7 @@ from email.policy import SMTP as SMTP_POLICY
 import idna
 
 from email_platform.common.errors import PermanentError
+from email_platform.mail.addressing import Attachment
 
 #: Lines SHOULD stay within 78 characters and MUST within 998 (RFC 5322 2.1.1).
 LINE_SHOULD = 78
@@ -147,6 +148,15 @@ def phrase(display_name: str, first_budget: int) -> str:
     return "\r\n ".join(encoded_words(display_name, first_budget))
 
 
+def address_list(name: str, entries: Sequence[tuple[str, str]]) -> tuple[str, str]:
+    """An address-list header (``Cc``, ``Reply-To``) of ``(display name, wire address)``
+    pairs: its unfolded value and its lines, one address a line."""
+    budget = LINE_SHOULD - len(name) - 2
+    shown = [f"{d} <{a}>" if d else a for d, a in entries]
+    parts = [f"{phrase(d, budget)} <{a}>" if d else a for d, a in entries]
+    return ", ".join(shown), f"{name}: " + ",\r\n ".join(parts) + "\r\n"
+
+
 class SmtpMessage:
     """Headers in order, both bodies, the envelope, and what (if anything) needs SMTPUTF8."""
 
@@ -159,6 +169,9 @@ class SmtpMessage:
         self._lines: list[str] = []
         #: Why the message needs SMTPUTF8, or None (the first reason found).
         self.smtputf8_reason: str | None = None
+        #: Cc and Bcc addresses: more ``RCPT TO``s after ``envelope_to``.
+        self.extra_recipients: list[str] = []
+        self.attachments: Sequence[Attachment] = ()
 
     def __getitem__(self, name: str) -> str | None:
         return self._values.get(name.lower())
@@ -203,6 +216,16 @@ class SmtpMessage:
             body.add_alternative(
                 self.html, subtype="html", cte=_cte(self.html, eight_bit=eight_bit)
             )
+        if self.attachments:  # multipart/mixed: the alternative, then each file (base64)
+            body.make_mixed()
+            for attachment in self.attachments:
+                maintype, _, subtype = attachment.content_type.partition("/")
+                body.add_attachment(
+                    attachment.content,
+                    maintype=maintype,
+                    subtype=subtype,
+                    filename=attachment.filename,
+                )
         # The MIME headers (MIME-Version, Content-Type, Content-Transfer-Encoding) are short
         # ASCII: the library writes them and the body.
         return "".join(self._lines).encode("utf-8") + body.as_bytes(policy=SMTP_POLICY)

@@ -163,6 +163,13 @@ def ses_body(request: dict[str, Any], email: OutgoingEmail) -> None:
     if email.provider_template is None:
         return
     call = email.provider_template
+    if "Simple" not in request["Content"]:
+        # Files go out as raw MIME, which a template send cannot be.
+        raise PermanentError(
+            "SES sends a provider template without attachments; this message has "
+            f"{len(email.attachments)}",
+            code="provider_template_unsupported",
+        )
     simple = request["Content"].pop("Simple")
     request["Content"]["Template"] = {
         "TemplateName": call.id,

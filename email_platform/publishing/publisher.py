@@ -16,7 +16,7 @@ from email_platform.common.errors import (
 from email_platform.common.ids import new_ulid
 from email_platform.common.lanes import Lane
 from email_platform.common.timeutil import utcnow
-from email_platform.mail import locales
+from email_platform.mail import addressing, locales
 from email_platform.mail.routes import RouteTable, configured_routes
 from email_platform.observability import tracing
 from email_platform.publishing import guards, schemas, validation
@@ -253,6 +253,7 @@ def _check_routed_fields(
         validation.check_message_key("idempotency_key", base_key, route.name)
         if route.provider_template is not None:
             route.provider_template.check_payload(route.name, payload)
+        addressing.check_payload(route, payload)
         if route.dedupe_key:
             try:
                 key = route.dedupe_key_for(payload)

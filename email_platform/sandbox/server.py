@@ -115,6 +115,22 @@ def _problem(
         not isinstance(tags, list) or not all(isinstance(t, str) for t in tags)
     ):
         return 422, "invalid_request", "'tags' must be a list of strings"
+    for field in ("reply_to", "cc", "bcc"):
+        value = payload.get(field)
+        if value is not None and not (
+            isinstance(value, list) and all(isinstance(v, str) and "@" in v for v in value)
+        ):
+            return 422, "invalid_request", f"'{field}' must be a list of addresses"
+    attachments = payload.get("attachments")
+    if attachments is not None and not (
+        isinstance(attachments, list)
+        and all(
+            isinstance(a, dict)
+            and all(isinstance(a.get(k), str) for k in ("filename", "content_type", "content"))
+            for a in attachments
+        )
+    ):
+        return 422, "invalid_request", "'attachments' must be a list of files"
     return None
 
 

@@ -11,6 +11,9 @@ from typing import Any
 from email_platform.sandbox.emitter import WebhookEmitter, WebhookPlan
 from email_platform.sandbox.faults import FAULT_KINDS, FaultRule, directive_for_attempt
 
+#: What a message may carry besides its one recipient (``providers/wire.py``).
+ADDRESSING_FIELDS = ("reply_to", "cc", "bcc", "envelope_sender", "attachments")
+
 
 @dataclass
 class SandboxConfig:
@@ -161,6 +164,8 @@ class SandboxState:
                 "metadata": payload.get("metadata") or {},
                 "tags": payload.get("tags") or [],
                 "accepted_at": accepted_at,
+                # Reply-To, Cc, Bcc, envelope sender, attachments: as sent, for tests to read.
+                **{name: payload[name] for name in ADDRESSING_FIELDS if name in payload},
             }
         )
         answer = {"id": message_id, "accepted_at": accepted_at}

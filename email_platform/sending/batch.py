@@ -23,6 +23,7 @@ from email_platform.common.errors import ConfigurationError, UnstorableEventErro
 from email_platform.common.lanes import LaneConfig
 from email_platform.common.timeutil import utcnow
 from email_platform.db.errors import refused_by_database
+from email_platform.mail import addressing
 from email_platform.mail.recipients import RecipientResolver, SqlDirectoryResolver
 from email_platform.mail.rendering import TemplateRenderer
 from email_platform.mail.routes import RouteTable, configured_routes
@@ -263,6 +264,7 @@ def build_sender(
         renderer = TemplateRenderer(routes.templates_dir)
     # A route on a provider template its provider cannot send fails here, before any claim.
     templated.check_routes(routes.routes, provider, renderer)
+    addressing.refuse_uncarried(provider, routes.routes)
     return BatchSender(
         engine=engine,
         provider=provider,

@@ -23,13 +23,14 @@ from email_platform.common.lanes import Lane, LaneConfig
 from email_platform.common.text import text_problem
 from email_platform.common.timeutil import as_utc, utcnow
 from email_platform.db.schema import email_messages
-from email_platform.mail import locales, provider_templates, unsubscribe
+from email_platform.mail import addressing, locales, provider_templates, unsubscribe
 from email_platform.mail.recipients import RecipientResolver
 from email_platform.mail.rendering import TemplateRenderer
 from email_platform.mail.routes import Route, RouteTable
 from email_platform.observability import tracing
 from email_platform.providers.base import OutgoingEmail
 from email_platform.publishing.validation import check_address
+from email_platform.sending.attach import Wanted, attach_files
 from email_platform.sending.record import Recorder
 from email_platform.sending.types import MAX_CLAIMS, BatchOutcome, Work
 from email_platform.store import dead_letters, email_events, messages, outbox, suppressions
@@ -100,6 +101,7 @@ class Preparer:
         # Asked once per batch: with tracing off, no span work per message.
         traced = tracing.active()
         work: list[Work] = []
+        wanted: list[Wanted] = []
         with self.engine.begin() as connection:
             existing: dict[tuple[str, str], Row] = {
                 (m.event_id, m.route): m
@@ -275,6 +277,14 @@ class Preparer:
                     )
                     outcome.dead += 1
                     continue
+                try:  # a failure dead-letters this message alone
+                    addressed = addressing.address(route, payload, self.sender_address)
+                except PermanentError as error:
+                    self.recorder.dead_letter_for(
+                        connection, message, error, run_id=run_id, now=now, trace=event
+                    )
+                    outcome.dead += 1
+                    continue
                 work.append(
                     Work(
                         message,
@@ -282,7 +292,7 @@ class Preparer:
                             message_id=message.message_id,
                             event_id=event.event_id,
                             idempotency_key=message.idempotency_key,
-                            sender=self.sender_address,
+                            sender=addressed.sender,
                             to=message.recipient,
                             subject=rendered.subject,
                             text=rendered.text,
@@ -296,13 +306,21 @@ class Preparer:
                             trace_id=event.trace_id,
                             correlation_id=event.correlation_id,
                             provider_template=call,
+                            reply_to=addressed.reply_to,
+                            cc=addressed.cc,
+                            bcc=addressed.bcc,
+                            envelope_sender=addressed.envelope_sender,
                         ),
                         # An event published outside any trace: its send span continues the
                         # render's trace, so the message's spans still form one trace.
                         event.trace_context or tracing.carrier_of(render_span),
                     )
                 )
-        return work
+                if route.attachments is not None:  # made once this transaction has committed
+                    wanted.append(Wanted(len(work) - 1, route, payload, event))
+        return attach_files(
+            self.engine, self.recorder, work, wanted, run_id=run_id, outcome=outcome
+        )
 
     def _look_up_recipients(self, claimed: Sequence[Row]) -> dict[str, str | None]:
         """Resolve looked-up recipients before the write transaction opens.

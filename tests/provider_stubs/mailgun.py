@@ -4,8 +4,9 @@
 Faults come from the recipient's local part: ``+fail429x2`` answers 429 with ``Retry-After``
 to the first two requests for that address, ``+fail503x1`` / ``+fail500x1`` answer 5xx once,
 and ``+invalid`` always answers Mailgun's 400 for a bad ``to``. Mailgun has no idempotency
-key, so failures are counted per recipient address. Only urlencoded forms are parsed (what the
-adapter sends); multipart is refused with a 400 so a change of encoding is noticed.
+key, so failures are counted per recipient address. Urlencoded forms are parsed (what the
+adapter sends), and multipart forms, which the adapter sends only with attachments (files
+recorded under ``attachment``); any other encoding is refused with a 400.
 """
 
 import base64
@@ -13,6 +14,8 @@ import re
 import secrets
 import time
 from collections import Counter
+from email.parser import BytesParser
+from email.policy import HTTP
 from urllib.parse import parse_qs
 
 from starlette.applications import Starlette
@@ -26,6 +29,29 @@ INVALID_TO = "'to' parameter is not a valid address. please check documentation"
 
 def _message(status: int, message: str, **headers: str) -> Response:
     return JSONResponse({"message": message}, status_code=status, headers=headers)
+
+
+async def _multipart(request: Request) -> dict:
+    """Fields as in a urlencoded form; each file as ``{"filename", "content_type", "content"}``
+    under its field name (``attachment``), always a list. Parsed with the standard library's
+    MIME parser (the stub's server has no multipart extra)."""
+    head = f"Content-Type: {request.headers['content-type']}\r\n\r\n".encode()
+    parsed = BytesParser(policy=HTTP).parsebytes(head + await request.body())
+    found: dict = {}
+    for part in parsed.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        content = part.get_payload(decode=True)
+        value = (
+            {
+                "filename": part.get_filename(),
+                "content_type": part.get_content_type(),
+                "content": content,
+            }
+            if part.get_filename()
+            else content.decode()
+        )
+        found.setdefault(name, []).append(value)
+    return {k: v[0] if len(v) == 1 and k != "attachment" else v for k, v in found.items()}
 
 
 class MailgunStub:
@@ -60,10 +86,14 @@ class MailgunStub:
         domain = request.path_params["domain"]
         if domain != self.domain:
             return _message(404, f"Domain not found: {domain}")
-        if request.headers.get("content-type") != "application/x-www-form-urlencoded":
-            return _message(400, "stub parses application/x-www-form-urlencoded only")
-        raw = parse_qs((await request.body()).decode(), keep_blank_values=True)
-        form = {k: v[0] if len(v) == 1 else v for k, v in raw.items()}
+        content_type = request.headers.get("content-type") or ""
+        if content_type.startswith("multipart/form-data; boundary="):  # a message with files
+            form = await _multipart(request)
+        elif content_type == "application/x-www-form-urlencoded":
+            raw = parse_qs((await request.body()).decode(), keep_blank_values=True)
+            form = {k: v[0] if len(v) == 1 else v for k, v in raw.items()}
+        else:
+            return _message(400, "stub parses urlencoded forms and multipart with files only")
         self.requests.append({"headers": dict(request.headers), "form": form})
         for required in ("from", "to", "subject"):
             if not form.get(required):

@@ -11,9 +11,12 @@ connection has no tables, so a refusal that touched one would fail differently.
 
 import string
 from collections.abc import Iterator
+from email.utils import parseaddr
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import Connection, create_engine, inspect
 
 from email_platform import publish, publish_many
@@ -22,6 +25,13 @@ from email_platform.common.errors import (
     InvalidIdempotencyKeyError,
     PublishError,
 )
+from email_platform.common.lanes import Lane
+from email_platform.common.timeutil import utcnow
+from email_platform.mail import addressing
+from email_platform.mail.addressing import Mailbox
+from email_platform.mail.routes import Route, RouteTable
+from email_platform.providers.base import OutgoingEmail, header_problem
+from email_platform.publishing.publisher import _event_row
 from email_platform.publishing.validation import check_correlation_id, check_idempotency_key
 
 
@@ -106,3 +116,81 @@ def test_a_correlation_id_with_an_encoded_word_start_is_refused(value: str) -> N
 
 def test_a_correlation_id_of_visible_ascii_is_kept() -> None:
     assert check_correlation_id("req-7f3a9c:checkout/42") == "req-7f3a9c:checkout/42"
+
+
+def _addressed_routes() -> RouteTable:
+    return RouteTable(
+        routes=[
+            Route(
+                name="invoice",
+                event_type="invoice.issued",
+                event_version=1,
+                template="t",
+                lane=Lane.TRANSACTIONAL,
+                sender=Mailbox(address_field="from_email", name_field="from_name"),
+                reply_to=(Mailbox(address_field="from_email"),),
+                cc=(Mailbox(address_field="cc_email", name_field="cc_name"),),
+            )
+        ]
+    )
+
+
+_HOSTILE = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40) | st.sampled_from(
+    [
+        "a@example.com\r\nBcc: x@evil.example",
+        "=?utf-8?q?a=0D=0Ab?=",
+        "Eve <eve@evil.example>",
+        '"Eve" <eve@evil.example>',
+        "eve@evil.example, other@example.com",
+        "jane@example.com",
+        "Zoë, Sales",
+        "jane@bücher.example.com",
+    ]
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    from_email=_HOSTILE,
+    from_name=st.none() | _HOSTILE | st.integers(),
+    cc_email=_HOSTILE | st.lists(_HOSTILE, max_size=2),
+    cc_name=st.none() | _HOSTILE,
+)
+def test_payload_addresses_are_refused_naming_the_field_or_sendable(
+    from_email: Any, from_name: Any, cc_email: Any, cc_name: Any
+) -> None:
+    """Whatever a producer puts in the fields a route's From, Reply-To and Cc read: a
+    ``PublishError`` naming one of those fields, or addresses every adapter can write as the
+    one mailbox each shows (no line break, no second address, no display name that hides one)."""
+    routes = _addressed_routes()
+    payload = {"email": "jane@example.com", "from_email": from_email, "cc_email": cc_email}
+    payload.update({k: v for k, v in (("from_name", from_name), ("cc_name", cc_name)) if v})
+    try:
+        _event_row(
+            routes,
+            utcnow(),
+            event_type="invoice.issued",
+            aggregate_id="a1",
+            payload=payload,
+        )
+    except PublishError as error:
+        assert error.field in {f"payload.{name}" for name in payload}, error
+        return
+    resolved = addressing.address(routes.routes[0], payload, "x@example.com")
+    email = OutgoingEmail(
+        message_id=1,
+        event_id="01JDQ5Z3K8M9N0P1Q2R3S4T5V6",
+        idempotency_key="k",
+        sender=resolved.sender,
+        to="jane@example.com",
+        subject="s",
+        text="t",
+        html=None,
+        template="t",
+        lane="transactional",
+        reply_to=resolved.reply_to,
+        cc=resolved.cc,
+    )
+    assert header_problem(email) is None
+    for shown, wanted in ((email.sender, from_email), (email.cc[0], cc_email)):
+        assert parseaddr(shown)[1] == wanted  # the one address published, nothing else
