@@ -12,6 +12,8 @@ from email_platform.common.errors import (
     UndeclaredEventError,
     UnknownPriorityError,
 )
+from email_platform.mail.addressing import Attachment, Mailbox
+from email_platform.mail.locales import InvalidLocaleError
 from email_platform.mail.provider_templates import ProviderTemplate
 from email_platform.mail.routes import Route, RouteTable
 from email_platform.publishing.cancelling import CancelResult, CancelStatus, cancel
@@ -19,13 +21,16 @@ from email_platform.publishing.outcomes import Outcome, OutcomePage, read_outcom
 from email_platform.publishing.publisher import publish, publish_many
 
 __all__ = [
+    "Attachment",
     "CancelResult",
     "CancelStatus",
     "EventRefusedError",
     "HeaderInjectionError",
     "InvalidAddressError",
     "InvalidIdempotencyKeyError",
+    "InvalidLocaleError",
     "InvalidPayloadError",
+    "Mailbox",
     "Outcome",
     "OutcomePage",
     "PayloadSchemaError",

@@ -291,3 +291,38 @@ def test_smtp_refuses_a_templated_message_that_reached_it_anyway_naming_the_caus
     with pytest.raises(PermanentError) as info:
         _smtp().build_message(email)
     assert info.value.code == "provider_template_unsupported"
+
+
+def test_a_templated_message_with_addresses_and_a_file_is_sent_or_refused_by_name():
+    from email_platform.mail.addressing import Attachment
+
+    call = _shipping().provider_template.call(  # type: ignore[union-attr]
+        {"first_name": "J", "order_id": "1", "carrier": "DHL"}
+    )
+    email = OutgoingEmail(
+        message_id=1,
+        event_id=EVENT_ID,
+        idempotency_key=f"{EVENT_ID}:shipping",
+        sender="Shop <no-reply@example.com>",
+        to="jane@example.com",
+        subject="",
+        text="",
+        html=None,
+        template="shipping-notice",
+        lane="transactional",
+        provider_template=call,
+        reply_to=("Support <support@example.com>",),
+        cc=("ops@example.com",),
+        attachments=(Attachment("label.pdf", "application/pdf", b"%PDF-1.4 label"),),
+    )
+    refused = {}
+    for provider, make in ADAPTERS.items():
+        adapter = make(httpx.MockTransport(_accept))
+        try:
+            adapter.send(email)
+        except PermanentError as error:
+            refused[provider] = error.code
+        finally:
+            adapter.close()
+    # Only SES cannot: its files go as raw MIME, which cannot name a template.
+    assert refused == {"ses": "provider_template_unsupported"}
