@@ -14,24 +14,19 @@ from unittest import mock
 
 import httpx
 import pytest
-import python_http_client.client
 import resend
 from mailgun.client import Client as MailgunClient
-from sendgrid import SendGridAPIClient
 from sendgrid.helpers.mail import (
     Attachment as SgAttachment,
 )
 from sendgrid.helpers.mail import (
     Bcc,
-    Category,
     Cc,
-    CustomArg,
     Disposition,
     FileContent,
     FileName,
     FileType,
     From,
-    Header,
     Mail,
     ReplyTo,
     To,
@@ -55,6 +50,7 @@ from tests.integration.test_provider_sdk_conformance import (
     metadata,
     ours,
     postmark_sdk,
+    sendgrid_sdk_wire,
     wire,
 )
 from tests.integration.test_provider_sdk_conformance import (
@@ -134,22 +130,6 @@ def _postmark(email: OutgoingEmail, names: tuple, extra: dict[str, Any]) -> Wire
 
 
 def sendgrid_with_addressing(email: OutgoingEmail, names: tuple) -> Wire:
-    sent: list[Any] = []
-
-    class Answer:
-        def getcode(self) -> int:
-            return 202
-
-        def read(self) -> bytes:
-            return b""
-
-        def info(self) -> dict[str, str]:
-            return {"X-Message-Id": "x"}
-
-    def make_request(self: Any, opener: Any, request: Any, timeout: Any = None) -> Answer:
-        sent.append(request)
-        return Answer()
-
     mail = Mail(
         from_email=From(*_pair(email.sender)),
         to_emails=To(email.to),
@@ -171,17 +151,7 @@ def sendgrid_with_addressing(email: OutgoingEmail, names: tuple) -> Wire:
             FileType(f["type"]),
             Disposition("attachment"),
         )
-    for key, value in email.headers.items():
-        mail.header = Header(key, value)
-    for key, value in metadata(email).items():
-        mail.custom_arg = CustomArg(key, value)
-    mail.category = Category(email.template)
-    with mock.patch.object(
-        python_http_client.client.Client, "_make_request", autospec=True, side_effect=make_request
-    ):
-        SendGridAPIClient(KEY).send(mail)
-    (request,) = sent
-    return wire(request.get_method(), request.full_url, request.header_items(), request.data, names)
+    return sendgrid_sdk_wire(mail, email, names)
 
 
 def _multipart(content_type: str, body: bytes) -> dict[str, list[Any]]:

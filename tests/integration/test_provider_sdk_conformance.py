@@ -230,7 +230,9 @@ def postmark_sdk(email: OutgoingEmail, names: tuple) -> Wire:
     return wire(request.method, str(request.url), request.headers, request.content, names)
 
 
-def sendgrid_sdk(email: OutgoingEmail, names: tuple) -> Wire:
+def sendgrid_sdk_wire(mail: Mail, email: OutgoingEmail, names: tuple) -> Wire:
+    """What the SendGrid SDK sends for ``mail`` once it carries ``email``'s headers, metadata
+    and category, as our adapter adds them (captured at ``python_http_client``'s transport)."""
     sent: list[Any] = []
 
     class Answer:
@@ -247,14 +249,6 @@ def sendgrid_sdk(email: OutgoingEmail, names: tuple) -> Wire:
         sent.append(request)
         return Answer()
 
-    name, _, address = email.sender.rpartition(" <")
-    mail = Mail(
-        from_email=From(address.rstrip(">"), name) if name else From(email.sender),
-        to_emails=To(email.to),
-        subject=email.subject,
-        plain_text_content=email.text,
-        html_content=email.html,
-    )
     for key, value in email.headers.items():
         mail.header = Header(key, value)
     for key, value in metadata(email).items():
@@ -266,6 +260,18 @@ def sendgrid_sdk(email: OutgoingEmail, names: tuple) -> Wire:
         SendGridAPIClient(KEY).send(mail)
     (request,) = sent
     return wire(request.get_method(), request.full_url, request.header_items(), request.data, names)
+
+
+def sendgrid_sdk(email: OutgoingEmail, names: tuple) -> Wire:
+    name, _, address = email.sender.rpartition(" <")
+    mail = Mail(
+        from_email=From(address.rstrip(">"), name) if name else From(email.sender),
+        to_emails=To(email.to),
+        subject=email.subject,
+        plain_text_content=email.text,
+        html_content=email.html,
+    )
+    return sendgrid_sdk_wire(mail, email, names)
 
 
 def mailgun_sdk(email: OutgoingEmail, names: tuple, sent: list) -> Wire:

@@ -16,12 +16,10 @@ from unittest import mock
 import httpx
 import postmark.sync
 import pytest
-import python_http_client.client
 import resend
 from botocore.credentials import Credentials
 from mailgun.client import Client as MailgunClient
-from sendgrid import SendGridAPIClient
-from sendgrid.helpers.mail import Category, CustomArg, From, Header, Mail, To
+from sendgrid.helpers.mail import From, Mail, To
 
 from email_platform.common.errors import PermanentError
 from email_platform.common.tags import tag_value
@@ -41,6 +39,7 @@ from tests.integration.test_provider_sdk_conformance import (
     metadata,
     ours,
     requests_sent,  # noqa: F401  (the fixture)
+    sendgrid_sdk_wire,
     wire,
 )
 from tests.ses_model import botocore_body, send_email_problems
@@ -127,36 +126,10 @@ def test_sendgrid_sends_what_the_sdk_sends_for_a_dynamic_template():
     names = NAMES["sendgrid"]
     our = ours(lambda t: SendGridProvider(api_key=KEY, transport=t), email, names)
     assert "subject" not in our.body and "content" not in our.body
-    sent: list[Any] = []
-
-    class Answer:
-        def getcode(self) -> int:
-            return 202
-
-        def read(self) -> bytes:
-            return b""
-
-        def info(self) -> dict[str, str]:
-            return {"X-Message-Id": "x"}
-
-    def make_request(self: Any, opener: Any, request: Any, timeout: Any = None) -> Answer:
-        sent.append(request)
-        return Answer()
-
     mail = Mail(from_email=From(f"no-reply@{DOMAIN}", "Example Shop"), to_emails=To(email.to))
     mail.template_id = email.provider_template.id  # type: ignore[union-attr]
     mail.dynamic_template_data = VARIABLES
-    for key, value in email.headers.items():
-        mail.header = Header(key, value)
-    for key, value in metadata(email).items():
-        mail.custom_arg = CustomArg(key, value)
-    mail.category = Category(email.template)
-    with mock.patch.object(
-        python_http_client.client.Client, "_make_request", autospec=True, side_effect=make_request
-    ):
-        SendGridAPIClient(KEY).send(mail)
-    (request,) = sent
-    sdk = wire(request.get_method(), request.full_url, request.header_items(), request.data, names)
+    sdk = sendgrid_sdk_wire(mail, email, names)
     assert_same(our, sdk)
 
 
