@@ -24,10 +24,35 @@ from botocore.model import Shape
 from botocore.serialize import create_serializer
 from botocore.validate import ParamValidator
 
+from email_platform.providers.base import OutgoingEmail
+
 MODEL = botocore.session.get_session().get_service_model("sesv2")
 SEND_EMAIL = MODEL.operation_model("SendEmail")
 _TAG = re.compile(r"[A-Za-z0-9_-]{1,256}")
 _ADDRESS_SHAPE = "EmailAddress"
+
+
+#: The event the SES tests' messages belong to.
+EVENT_ID = "01JDQ5Z3K8M9N0P1Q2R3S4T5V6"
+
+
+def outgoing(**overrides) -> OutgoingEmail:  # type: ignore[no-untyped-def]
+    """A welcome message as the send path hands it to the SES adapter, with ``overrides``."""
+    values = {
+        "message_id": 7,
+        "event_id": EVENT_ID,
+        "idempotency_key": f"{EVENT_ID}:welcome",
+        "sender": "Example <no-reply@example.com>",
+        "to": "jane@example.com",
+        "subject": "Welcome, Jane",
+        "text": "Hello Jane",
+        "html": "<p>Hello Jane</p>",
+        "template": "welcome",
+        "lane": "transactional",
+        "headers": {"X-Email-Event-Id": EVENT_ID},
+    }
+    values.update(overrides)
+    return OutgoingEmail(**values)
 
 
 def documented_rules() -> str:

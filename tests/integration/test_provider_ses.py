@@ -22,7 +22,6 @@ from email_platform.common.errors import (
     ProviderRejectedError,
     TransientError,
 )
-from email_platform.providers.base import OutgoingEmail
 from email_platform.providers.registry import open_provider
 from email_platform.providers.ses import (
     PERMANENT_CODES,
@@ -34,31 +33,13 @@ from email_platform.providers.ses import (
 )
 from email_platform.resources import EmailProviderResource
 from tests.provider_stubs.ses import ACCESS_KEY, SECRET_KEY, SesStub
+from tests.ses_model import EVENT_ID, outgoing
 from tests.support import attempts_of, dead_letters_of, messages_of, run_send, signup, step_events
 
 AKID = "AKIDEXAMPLE"
 SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"
 FROZEN = datetime(2026, 11, 29, 14, 22, 18, tzinfo=UTC)
 URL = "https://email.us-east-1.amazonaws.com/v2/email/outbound-emails"
-EVENT_ID = "01JDQ5Z3K8M9N0P1Q2R3S4T5V6"
-
-
-def outgoing(**overrides) -> OutgoingEmail:  # type: ignore[no-untyped-def]
-    values = {
-        "message_id": 7,
-        "event_id": EVENT_ID,
-        "idempotency_key": f"{EVENT_ID}:welcome",
-        "sender": "Example <no-reply@example.com>",
-        "to": "jane@example.com",
-        "subject": "Welcome, Jane",
-        "text": "Hello Jane",
-        "html": "<p>Hello Jane</p>",
-        "template": "welcome",
-        "lane": "transactional",
-        "headers": {"X-Email-Event-Id": EVENT_ID},
-    }
-    values.update(overrides)
-    return OutgoingEmail(**values)
 
 
 class Recorder:

@@ -16,32 +16,13 @@ from hypothesis import strategies as st
 from email_platform.common.errors import DeliveryError, PermanentError
 from email_platform.providers.base import OutgoingEmail
 from email_platform.providers.ses import MAX_HEADERS, SesProvider
-from tests.ses_model import botocore_body, documented_rules, send_email_problems
+from tests.ses_model import EVENT_ID, botocore_body, documented_rules, outgoing, send_email_problems
 
-EVENT_ID = "01JDQ5Z3K8M9N0P1Q2R3S4T5V6"
 UNSUBSCRIBE = (
     "<https://mail.example.com/unsubscribe/01JDQ5Z3K8M9N0P1Q2R3S4T5V6?"
     "token=Zm9vYmFyYmF6cXV4Zm9vYmFyYmF6cXV4Zm9vYmFyYmF6cXV4Zm9vYmFyYmF6cXV4Zm9vYmFy>, "
     "<mailto:unsubscribe@example.com?subject=unsubscribe>"
 )
-
-
-def outgoing(**overrides) -> OutgoingEmail:  # type: ignore[no-untyped-def]
-    values = {
-        "message_id": 7,
-        "event_id": EVENT_ID,
-        "idempotency_key": f"{EVENT_ID}:welcome",
-        "sender": "Example <no-reply@example.com>",
-        "to": "jane@example.com",
-        "subject": "Welcome, Jane",
-        "text": "Hello Jane",
-        "html": "<p>Hello Jane</p>",
-        "template": "welcome",
-        "lane": "transactional",
-        "headers": {"X-Email-Event-Id": EVENT_ID},
-    }
-    values.update(overrides)
-    return OutgoingEmail(**values)
 
 
 def sent_body(email: OutgoingEmail, **kwargs) -> dict:  # type: ignore[no-untyped-def]
