@@ -168,7 +168,8 @@ def _mailboxes(route: _Addressing) -> Iterable[tuple[str, Mailbox]]:
 
 
 def check_route(route: _Addressing) -> None:
-    """A route's own settings: a ``ConfigurationError`` naming the route and field."""
+    """A route's own settings: a ``ConfigurationError`` naming the route and field (``Route``
+    calls it when it is made)."""
     for role in ("reply_to", "cc", "bcc"):
         value = getattr(route, role)
         if not isinstance(value, tuple) or not all(isinstance(b, Mailbox) for b in value):
@@ -187,9 +188,8 @@ def check_route(route: _Addressing) -> None:
 
 
 def check_payload(route: _Addressing, payload: Mapping[str, Any]) -> None:
-    """``publish()``'s check of the payload fields the route's addresses read (a route set up
-    wrong is a ``ConfigurationError`` naming it, as at a run's start)."""
-    check_route(route)
+    """``publish()``'s check of the payload fields the route's addresses read (the route's own
+    settings were checked when it was made: ``check_route``)."""
     for role, box in _mailboxes(route):
         box.check_payload(payload, f"route {route.name}'s {role}")
 
@@ -303,7 +303,6 @@ def refuse_uncarried(provider: Any, routes: Iterable[_Addressing]) -> None:
     route asks for what the adapter cannot carry (SMTP alone carries an envelope sender)."""
     missing = cannot_carry(provider)
     for route in routes:
-        check_route(route)
         for feature in sorted(features(route) & missing):
             raise ConfigurationError(
                 f"route {route.name} sets {feature}, which the {getattr(provider, 'name', '?')} "

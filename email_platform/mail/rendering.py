@@ -9,7 +9,7 @@ will fix it; a template fix plus a replay will).
 
 import re
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +69,8 @@ class TemplateRenderer:
         )
         self._latest = cache(self._find_latest_version)
         self._compiled: dict[tuple[str, int, str | None], _Compiled] = {}
-        self._locales = cache(self._find_locale)
+        # Keyed by the producers' tags: bounded, so endless distinct tags cannot grow it.
+        self._locales = lru_cache(maxsize=1024)(self._find_locale)
 
     def _find_latest_version(self, template: str) -> int:
         root = self.directory / template

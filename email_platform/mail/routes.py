@@ -19,6 +19,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from email_platform.common import config
 from email_platform.common.errors import ConfigurationError, UnknownEventVersionError
 from email_platform.common.lanes import Lane
+from email_platform.mail import addressing
 from email_platform.mail.addressing import AttachmentLimits, AttachmentMaker, Mailbox
 from email_platform.mail.locales import LocaleLookup
 from email_platform.mail.provider_templates import ProviderTemplate
@@ -163,6 +164,8 @@ class Route:
     attachment_limits: AttachmentLimits = field(default_factory=AttachmentLimits)
 
     def __post_init__(self) -> None:
+        # Checked once, when the route is made, not on every publish.
+        addressing.check_route(self)
         if self.provider_template is not None:
             name = self.provider_template.template_name(
                 self.name, self.template, self.template_version
