@@ -14,7 +14,12 @@ import click
 
 from email_platform.cli.support import migrated_engine
 from email_platform.cli.support import print_json as _print_json
-from email_platform.common.errors import ConfigurationError, PublishError, TemplateRenderError
+from email_platform.common.errors import (
+    ConfigurationError,
+    PermanentError,
+    PublishError,
+    TemplateRenderError,
+)
 from email_platform.mail.rendering import RenderedEmail, TemplateRenderer
 from email_platform.mail.routes import Route, RouteTable, configured_routes, load_routes
 
@@ -214,7 +219,7 @@ def send_test(
             payload=payload,
             locale=locale,
         )
-    except (TemplateRenderError, PublishError) as exc:
+    except (TemplateRenderError, PublishError, PermanentError, ConfigurationError) as exc:
         raise _rendering_error(exc) from None
     finally:
         provider.close()

@@ -18,7 +18,7 @@ from email_platform.common.classify import classify_exception
 from email_platform.common.errors import DeliveryError, TransientError
 from email_platform.common.ids import new_ulid
 from email_platform.common.timeutil import utcnow
-from email_platform.mail import locales
+from email_platform.mail import addressing, locales
 from email_platform.mail.rendering import RenderedEmail, TemplateRenderer
 from email_platform.mail.routes import Route, RouteTable
 from email_platform.providers.base import EmailProvider, OutgoingEmail
@@ -80,9 +80,11 @@ def send_test(
 ) -> TrialResult:
     """Render, record and send one test message of ``route_name`` to ``to``.
 
-    Raises ``KeyError`` (no such route), ``PublishError`` (a bad address or locale) or
-    ``TemplateRenderError`` before anything is written; a provider's refusal is recorded on the
-    message (status ``dead``, its attempt) and returned as ``error``.
+    Raises ``KeyError`` (no such route), ``PublishError`` (a bad address or locale),
+    ``TemplateRenderError``, ``ConfigurationError`` (the adapter cannot carry what the route
+    sets) or ``PermanentError`` (its addresses or files) before anything is written; a
+    provider's refusal is recorded on the message (status ``dead``, its attempt) and returned
+    as ``error``.
     """
     route = routes.route(route_name)
     address = check_address("to", to)
@@ -90,6 +92,10 @@ def send_test(
     data = check_payload(example_payload(routes, route) if payload is None else payload)
     data[route.recipient_field or "email"] = address
     rendered = render_for(routes, renderer, route, data, locale)
+    # Addressed and with its files as the send path makes them, so the test shows the real mail.
+    addressing.refuse_uncarried(provider, [route])
+    addressed = addressing.address(route, data, sender)
+    files = addressing.attachments_for(route, data)
     now = utcnow()
     event_id = new_ulid()
     with engine.begin() as connection:
@@ -136,7 +142,7 @@ def send_test(
         message_id=message.message_id,
         event_id=event_id,
         idempotency_key=message.idempotency_key,
-        sender=sender,
+        sender=addressed.sender,
         to=address,
         subject=rendered.subject,
         text=rendered.text,
@@ -144,6 +150,11 @@ def send_test(
         template=route.template,
         lane=route.lane.value,
         headers={"X-Email-Event-Id": event_id, TEST_HEADER: "1"},
+        reply_to=addressed.reply_to,
+        cc=addressed.cc,
+        bcc=addressed.bcc,
+        envelope_sender=addressed.envelope_sender,
+        attachments=files,
     )
     started = utcnow()
     try:

@@ -3,6 +3,7 @@ test send through the configured provider (the sandbox over HTTP) on SQLite and 
 recorded as a test that trace shows and the warehouse's funnel leaves out.
 """
 
+import base64
 import json
 from pathlib import Path
 
@@ -258,3 +259,20 @@ def test_render_of_a_provider_template_route_names_a_missing_variable(tmp_path: 
     result = _invoke("templates", "render", "shipping_notice", "--payload", payload)
     assert result.exit_code == 1
     assert "carrier" in result.output and "Traceback" not in result.output
+
+
+def test_send_test_sends_the_mail_as_the_route_addresses_it_with_its_files(
+    database_url: str, sandbox, tmp_path: Path
+) -> None:
+    # The schema example of order.paid: the receipt from billing@, Reply-To support, its PDF.
+    sent = _invoke(
+        "templates", "send-test", "receipt", "--to", "qa@example.com", "--json",
+        env=_send_env(database_url, sandbox.base_url),
+    )  # fmt: skip
+    assert sent.exit_code == 0, sent.output
+    (seen,) = sandbox_messages(sandbox.base_url, json.loads(sent.output)["event_id"])
+    assert seen["from"] == "Shop billing <billing@example.com>"
+    assert seen["reply_to"] == ["Shop support <support@example.com>"]
+    (pdf,) = seen["attachments"]
+    assert pdf["content_type"] == "application/pdf"
+    assert base64.b64decode(pdf["content"]).startswith(b"%PDF-1.4")
