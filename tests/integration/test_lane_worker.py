@@ -376,7 +376,10 @@ class _HeldFirstCall(SandboxProvider):
         self.calls += 1
         if self.calls == 1:
             self.entered.set()
-            assert self.release.wait(10)
+            # The test always releases it (in its finally); the bound only stops a broken test
+            # from hanging. It must outlast the test's own waits (60 s), or a slow machine sees
+            # the held call give up and fail the first batch while the test still holds it.
+            assert self.release.wait(180)
         return super().send_many(emails)
 
 
@@ -389,7 +392,7 @@ def test_the_next_batch_is_claimed_and_prepared_while_one_is_being_sent(engine, 
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:
-        assert provider.entered.wait(10)
+        assert provider.entered.wait(60)
         first, second, third = ids[:10], ids[10:20], ids[20:]
         # While the first batch's call hangs, the second is claimed by this worker and its
         # messages are written with their keys; the third waits: two batches held, no more.
@@ -425,7 +428,7 @@ def test_with_two_batches_in_flight_the_rest_is_sent_while_one_hangs(engine, san
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:
-        assert provider.entered.wait(10)
+        assert provider.entered.wait(60)
         first, rest = ids[:10], ids[10:]
 
         def sent(event_ids: list[str]) -> bool:
@@ -469,7 +472,7 @@ def test_a_batch_whose_lease_lapses_in_flight_is_not_claimed_again_by_its_own_wo
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:
-        assert provider.entered.wait(10)
+        assert provider.entered.wait(60)
         time.sleep(2.5)
         with engine.connect() as connection:  # the lease (1 s) lapsed while the call hangs
             assert outbox.find_due(connection, "transactional", utcnow(), 100) == ids
