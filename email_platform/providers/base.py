@@ -181,6 +181,10 @@ class RateLimiter:
             self._next_slot = slot + count / self.per_second
         return slot - now
 
+    async def reserve_async(self, count: int = 1) -> float:
+        """``reserve`` for an event loop (a shared limiter may need the database for it)."""
+        return self.reserve(count)
+
 
 #: Visible ASCII but ``%``: what a key keeps as it is in an ``Idempotency-Key`` header.
 _KEY_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")

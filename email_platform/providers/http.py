@@ -146,7 +146,7 @@ class HttpProvider:
     async def send_async(self, email: OutgoingEmail) -> Accepted:
         """``send`` on the running event loop: the same request, checks and answers."""
         request = self._request_for(email)
-        await _wait(self.limiter.reserve())
+        await _wait(await self.limiter.reserve_async())
         return self._answer(await self._call_async(request))
 
     def send_many(self, emails: Sequence[OutgoingEmail]) -> list[Accepted | DeliveryError]:
@@ -179,7 +179,7 @@ class HttpProvider:
             sent = iter(await self.send_many_async(sendable) if sendable else [])
             return [problem or next(sent) for problem in problems]
         request = self.build_batch_request(emails)
-        await _wait(self.limiter.reserve(len(emails)))
+        await _wait(await self.limiter.reserve_async(len(emails)))
         try:
             response = await self._call_async(request)
         except DeliveryError as error:
