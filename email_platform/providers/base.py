@@ -9,7 +9,8 @@ from email.utils import parseaddr
 from typing import Protocol, runtime_checkable
 from urllib.parse import quote
 
-from email_platform.common.errors import DeliveryError, PermanentError
+from email_platform.common.config import ProviderSettings
+from email_platform.common.errors import ConfigurationError, DeliveryError, PermanentError
 from email_platform.mail.addressing import Attachment
 from email_platform.mail.headers import unsafe_header_reason
 from email_platform.mail.provider_templates import ProviderTemplateCall
@@ -154,6 +155,24 @@ class HistoryAwareProvider(Protocol):
     def forget(self, keys: Iterable[str]) -> None:
         """Drop what ``expect`` was told of ``keys`` and no send took (the batch stopped)."""
         ...
+
+
+def batch_max_option(settings: ProviderSettings, provider: str) -> int:
+    """``EMAIL_PLATFORM_<PROVIDER>_BATCH_MAX``: messages one call carries (unset: 1, no batch)."""
+    raw = settings.option("batch_max", "1") or "1"
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigurationError(
+            f"EMAIL_PLATFORM_{provider}_BATCH_MAX must be a whole number, got {raw!r}"
+        ) from None
+
+
+def batch_limit(provider: str, batch_max: int, limit: int) -> int:
+    """``batch_max`` if the provider takes that many a call (1 to ``limit``)."""
+    if type(batch_max) is not int or not 1 <= batch_max <= limit:
+        raise ConfigurationError(f"{provider} batch_max must be 1 to {limit}, got {batch_max!r}")
+    return batch_max
 
 
 class RateLimiter:

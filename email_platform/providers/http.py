@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from email_platform.common.classify import classify_exception, classify_response
-from email_platform.common.errors import DeliveryError, TransientError
+from email_platform.common.errors import DeliveryError, PermanentError, TransientError
 from email_platform.providers.async_http import OriginPool, checked, encode
 from email_platform.providers.base import Accepted, OutgoingEmail, RateLimiter, header_problem
 
@@ -209,7 +209,12 @@ class HttpProvider:
         self, response: httpx.Response, emails: Sequence[OutgoingEmail]
     ) -> list[Accepted | DeliveryError]:
         if not 200 <= response.status_code < 300:
-            return [self.classify(response)] * len(emails)
+            error = self.classify(response)
+            if isinstance(error, PermanentError) and len(emails) > 1:
+                # The whole call refused may be one message's fault: raised, the dispatcher
+                # sends them one a call, so only that message fails (invariant 9).
+                raise error
+            return [error] * len(emails)
         try:
             results = self.batch_results(response, emails)
         except (ValueError, KeyError, TypeError):

@@ -39,6 +39,8 @@ Behaviour worth knowing when writing tests against it:
   ``exhausted``; ``posting``: messages whose events are still being posted).
 * ``GET /_sandbox/requests`` lists when each send request arrived (epoch seconds, the latest
   200,000): ``{"times": [...]}``, for counting a client's rate over any window.
+* ``POST /email`` and ``POST /email/batch`` answer in Postmark's shapes (``sandbox/postmark.py``):
+  the Postmark adapter can send to the sandbox, one message a call or in batches.
 * ``api_key`` only guards the send endpoints; the ``/_sandbox/*`` control endpoints stay open so
   a test harness can inspect the server without knowing the key.
 """
@@ -66,6 +68,7 @@ from email_platform.sandbox.faults import (
     parse_rule,
     retry_after_header,
 )
+from email_platform.sandbox.postmark import postmark_routes
 from email_platform.sandbox.state import SandboxConfig, SandboxState, dumps
 from email_platform.sandbox.templates import ProviderTemplates
 
@@ -399,6 +402,8 @@ def create_app(config: SandboxConfig) -> Starlette:
             Route("/_sandbox/faults", clear_faults, methods=["DELETE"]),
             Route("/_sandbox/reset", reset, methods=["POST"]),
             Route("/_sandbox/health", health, methods=["GET"]),
+            # Postmark's shapes, for the Postmark adapter (sandbox/postmark.py).
+            *postmark_routes(state, admit, _problem, config.timeout_delay_s),
         ],
         # A sender killed while uploading its body: nothing was read, so nothing is accepted,
         # and there is no one to answer (not an error of the sandbox's).
