@@ -117,7 +117,9 @@ class BatchingProvider(Protocol):
     """A provider that can also take several messages in one call (``batch_max`` > 1).
 
     ``send_many`` returns one result per message, in order, and never raises for a message's
-    failure: a failure of the whole call (network, timeout, non-2xx) is every message's result.
+    failure: a failure of the whole call (network, timeout, non-2xx) is every message's result,
+    but for a request refused whole as invalid (400, 413, 422), which one message may have
+    caused: that it raises, and the dispatcher sends the messages one a call.
     Only adapters whose provider honours a per-message idempotency key inside a batch batch:
     a retried call must not send what the lost answer had already accepted.
     """

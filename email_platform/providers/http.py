@@ -210,9 +210,10 @@ class HttpProvider:
     ) -> list[Accepted | DeliveryError]:
         if not 200 <= response.status_code < 300:
             error = self.classify(response)
-            if isinstance(error, PermanentError) and len(emails) > 1:
-                # The whole call refused may be one message's fault: raised, the dispatcher
-                # sends them one a call, so only that message fails (invariant 9).
+            refused_whole = response.status_code in (400, 413, 422) and len(emails) > 1
+            if refused_whole and isinstance(error, PermanentError):
+                # Maybe one message's fault: raised, the dispatcher sends them one a call, so
+                # only that one fails (invariant 9).
                 raise error
             return [error] * len(emails)
         try:
