@@ -158,7 +158,7 @@ def test_batch_max_is_read_from_the_environment_and_checked():
     plain.close()
     for name, value in (("POSTMARK", "501"), ("RESEND", "101"), ("RESEND", "many")):
         bad = {f"EMAIL_PLATFORM_{name}_API_KEY": "k", f"EMAIL_PLATFORM_{name}_BATCH_MAX": value}
-        with pytest.raises(ConfigurationError, match="(?i)batch"):
+        with pytest.raises(ConfigurationError, match=r"(?i)batch"):
             open_provider(ProviderSettings.from_env(bad, provider=name.lower()), max_connections=1)
 
 
