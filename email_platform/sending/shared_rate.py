@@ -115,8 +115,9 @@ class SharedRateLimiter:
         self._chunk = 1
         self._granted_at = -math.inf
         self._idle_s = 2 * max_span_s
-        #: The last single-bucket grant: (bucket, where it ended), to give back at ``close``.
-        self._last: tuple[str, float] | None = None
+        #: The last single-bucket grant: (bucket, where it ended, its slots), to give back at
+        #: ``close`` what is left of it.
+        self._last: tuple[str, float, list[float]] | None = None
         self._held_until = 0.0
         #: Grants made (what a test checks to see that chunks spare the database).
         self.grants = 0
@@ -140,12 +141,16 @@ class SharedRateLimiter:
             time.sleep(delay)
 
     async def reserve_async(self, count: int = 1) -> float:
-        """``reserve`` for an event loop: a grant's database call runs on a thread."""
-        with self._lock:
-            now = self.clock()
-            slot = self._take(count, now)
-        if slot is not None:
-            return max(0.0, slot - now)
+        """``reserve`` for an event loop: a grant's database call runs on a thread, and the
+        loop never waits on the lock a grant in progress holds."""
+        if self._lock.acquire(blocking=False):
+            try:
+                now = self.clock()
+                slot = self._take(count, now)
+            finally:
+                self._lock.release()
+            if slot is not None:
+                return max(0.0, slot - now)
         return await asyncio.to_thread(self.reserve, count)
 
     # ---- what the send path tells it -------------------------------------------------------
@@ -177,14 +182,15 @@ class SharedRateLimiter:
         """Give back the last grant's unused slots if no one was granted after them."""
         with self._lock:
             last, self._last = self._last, None
-            left = [slot for slot in self._slots if slot[2] > 0]
+            # Only the last grant's own unused slots: others may hold slots before them.
+            unused = last is not None and any(slot is last[2] for slot in self._slots)
             self._slots.clear()
-        if last is None or not left:
+        if last is None or not unused or last[2][2] <= 0:
             return
-        bucket, granted_until = last
+        bucket, granted_until, slots = last
         with self.engine.begin() as connection:
             provider_rates.give_back(
-                connection, bucket, granted_until=granted_until, unused_from=left[0][0]
+                connection, bucket, granted_until=granted_until, unused_from=slots[0]
             )
 
     # ---- local slots -----------------------------------------------------------------------
@@ -196,25 +202,27 @@ class SharedRateLimiter:
         """The time of the last of ``count`` local slots, taking them; None if too few."""
         oldest = now - self.late_s
         while self._slots:
-            first, step, left = self._slots[0]
+            slot = self._slots[0]
+            first, step, left = slot
             stale = min(left, math.ceil((oldest - first) / step)) if first < oldest else 0
             if stale < left:
-                self._slots[0] = [first + stale * step, step, left - stale]
+                slot[0], slot[2] = first + stale * step, left - stale  # in place: see close
                 break
             self._slots.popleft()
         if self._left() < count:
             return None
-        slot = now
+        last_time = now
         while count:
-            first, step, left = self._slots[0]
+            slot = self._slots[0]
+            first, step, left = slot
             used = min(count, int(left))
-            slot = first + (used - 1) * step
+            last_time = first + (used - 1) * step
             count -= used
             if used == left:
                 self._slots.popleft()
             else:
-                self._slots[0] = [first + used * step, step, left - used]
-        return slot
+                slot[0], slot[2] = first + used * step, left - used
+        return last_time
 
     def _grant(self, need: int, now: float) -> None:
         if now - self._granted_at > self._idle_s:
@@ -227,8 +235,9 @@ class SharedRateLimiter:
             if len(chains) == 1 and len(chains[0]) == 1:
                 ((bucket, per_s),) = chains[0]
                 first = _take_one(connection, bucket, count, per_s, now)
-                self._slots.append([first, 1 / per_s, count])
-                self._last = (bucket, first + count / per_s)
+                slots = [first, 1 / per_s, count]
+                self._slots.append(slots)
+                self._last = (bucket, first + count / per_s, slots)
             else:
                 first, step = _take_chain(connection, chains, count, now)
                 self._slots.append([first, step, count])

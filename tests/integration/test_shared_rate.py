@@ -79,6 +79,28 @@ def test_a_slot_left_unused_is_dropped_not_sent_late_beside_others(engine):
     assert slow_next != fast_first
 
 
+def test_a_sender_that_ends_gives_back_only_its_own_unused_slots(engine):
+    clock = Clock()
+    ending, other = _limiter(engine, "bulk", clock), _limiter(engine, "bulk", clock)
+    ending._chunk = ending.max_chunk
+    ending.reserve()  # took one slot of a chunk of max_chunk
+    ending.close()
+    # Nobody was granted after it: the next sender starts where it stopped.
+    assert other.reserve() == pytest.approx(1 / (RATE * 0.9))
+    # Granted after another sender: giving back would hand out the other's slots again.
+    first = _limiter(engine, "bulk", clock)
+    first._chunk = first.max_chunk
+    first.reserve()
+    other._chunk = other.max_chunk
+    other._slots.clear()
+    other.reserve()
+    with engine.connect() as connection:
+        before = provider_rates.snapshot(connection)["sandbox"][0]
+    first.close()
+    with engine.connect() as connection:
+        assert provider_rates.snapshot(connection)["sandbox"][0] == before
+
+
 def test_a_429_seen_by_one_sender_holds_every_sender(engine):
     clock = Clock()
     seer, other = _limiter(engine, "bulk", clock), _limiter(engine, "bulk", clock)
