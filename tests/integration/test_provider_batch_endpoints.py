@@ -14,14 +14,17 @@ import pytest
 from email_platform.common.config import ProviderSettings
 from email_platform.common.errors import ConfigurationError, PermanentError, TransientError
 from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, Lane
+from email_platform.common.tags import tag_value
 from email_platform.mail.addressing import Attachment
 from email_platform.providers.base import Accepted, OutgoingEmail
 from email_platform.providers.postmark import PostmarkProvider
 from email_platform.providers.registry import open_provider
 from email_platform.providers.resend import ResendProvider, batch_key
+from email_platform.sandbox.asgi import BackgroundServer
 from email_platform.sandbox.server import SandboxConfig, SandboxServer
 from email_platform.sending.dispatch import attempt_many
 from email_platform.sending.worker import LaneWorker
+from tests.provider_stubs.resend import ResendStub
 from tests.support import batch_sender, dead_letters_of, event, signup
 
 ANSWERS = Path(__file__).resolve().parents[1] / "fixtures" / "provider_answers"
@@ -189,3 +192,30 @@ def test_postmark_batches_through_the_send_path_one_refusal_one_dead_letter(engi
     assert all(event(engine, i).status == "done" for i in ids)
     (letter,) = dead_letters_of(engine, refused)
     assert letter.error_code == "406" and "inactive" in letter.last_error
+
+
+def test_resend_batches_through_the_send_path_one_refusal_one_dead_letter(engine):
+    """The same drain through the Resend adapter against a Resend stub that speaks
+    ``/emails/batch`` (strict and permissive, attachments refused): the refused entry is one
+    dead letter, the rest are sent once, each with its own key in its tags."""
+    ids = [signup(engine, f"u{i}") for i in range(29)]
+    refused = signup(engine, "bad", email="bad+invalid@example.com")
+    lane = dataclasses.replace(
+        DEFAULT_LANE_CONFIGS[Lane.TRANSACTIONAL],
+        batch_size=30,
+        concurrency=2,
+        worker_poll_s=0.02,
+        worker_idle_s=0.3,
+    )
+    stub = ResendStub(api_key="re_test")
+    with BackgroundServer(stub.app) as url:
+        provider = ResendProvider(url, api_key="re_test", batch_max=10, timeout_s=5)
+        sender = batch_sender(engine, provider, lane)
+        LaneWorker(sender=sender, engine=engine, lane=lane, run_id="w-1").run()
+        provider.close()
+    assert stub.batch_requests >= 3
+    keys = [{t["name"]: t["value"] for t in m["tags"]}["idempotency_key"] for m in stub.accepted]
+    assert sorted(keys) == sorted(tag_value(f"{i}:welcome") for i in ids)
+    assert all(event(engine, i).status == "done" for i in ids)
+    (letter,) = dead_letters_of(engine, refused)
+    assert letter.error_code == "validation_error" and "Invalid `to`" in letter.last_error
