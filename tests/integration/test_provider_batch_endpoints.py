@@ -16,6 +16,7 @@ from email_platform.common.errors import ConfigurationError, PermanentError, Tra
 from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, Lane
 from email_platform.common.tags import tag_value
 from email_platform.mail.addressing import Attachment
+from email_platform.mail.provider_templates import ProviderTemplateCall
 from email_platform.providers.base import Accepted, OutgoingEmail
 from email_platform.providers.postmark import PostmarkProvider
 from email_platform.providers.registry import open_provider
@@ -86,6 +87,23 @@ def test_postmark_fails_only_the_entry_it_refused():
     assert isinstance(ok, Accepted)
     assert isinstance(refused, PermanentError) and refused.code == "406"
     assert isinstance(throttled, TransientError) and throttled.status_code == 429
+
+
+def test_postmark_template_messages_go_to_batch_with_templates_and_mixed_ones_alone():
+    call = ProviderTemplateCall("welcome-1", None, {"name": "Jo"})
+    templated = [_email(1, provider_template=call), _email(2, provider_template=call)]
+    answer = [{"ErrorCode": 0, "MessageID": f"m{n}"} for n in (1, 2)]
+    seen, transport = _recording(httpx.Response(200, json=answer))
+    provider = PostmarkProvider(server_token="t", batch_max=2, transport=transport)
+    assert [r.provider_message_id for r in provider.send_many(templated)] == ["m1", "m2"]  # type: ignore[union-attr]
+    (request,) = seen
+    assert request.url.path == "/email/batchWithTemplates"
+    messages = json.loads(request.content)["Messages"]
+    assert [m["TemplateAlias"] for m in messages] == ["welcome-1", "welcome-1"]
+    assert messages[0] == provider.build_request(templated[0]).json
+    # One plain and one template message: the two endpoints take different bodies.
+    with pytest.raises(ValueError, match="not both"):
+        provider.build_batch_request([templated[0], _email(3)])
 
 
 def test_resend_reads_its_documented_permissive_answer_by_index():
