@@ -29,7 +29,7 @@ from email_platform.mail.rendering import TemplateRenderer
 from email_platform.mail.routes import RouteTable, configured_routes
 from email_platform.observability import logs, tracing
 from email_platform.providers import templated
-from email_platform.providers.base import EmailProvider
+from email_platform.providers.base import EmailProvider, failover_provider
 from email_platform.sending import shared_rate
 from email_platform.sending.dispatch import Dispatcher
 from email_platform.sending.leases import LeaseRenewer
@@ -232,7 +232,10 @@ class BatchSender:
     ) -> ConfigurationError | None:
         if self.rate_limiter is not None:
             # A 429 seen here holds every sender of the provider, not only this one.
-            self.rate_limiter.observe(sent.result for sent in group)
+            # (A failover's secondary is another provider, with a rate of its own.)
+            self.rate_limiter.observe(
+                sent.result for sent in group if failover_provider(sent.result) is None
+            )
         return self.recorder.record_group(group, run_id, outcome)
 
     def close(self) -> None:
