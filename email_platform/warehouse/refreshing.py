@@ -35,6 +35,7 @@ from email_platform.warehouse.files import (
     connect_writer,
     copy_durably,
     held_open,
+    literal,
     prepare_next_writer,
     remove_leftovers,
     retire,
@@ -58,6 +59,7 @@ from email_platform.warehouse.state import (
 from email_platform.warehouse.summary import RefreshSummary
 
 DEFAULT_LOOKBACK_S = 120
+DEFAULT_MEMORY_LIMIT = "2GB"
 
 
 def refresh(
@@ -67,11 +69,14 @@ def refresh(
     full: bool = False,
     lookback_s: float = DEFAULT_LOOKBACK_S,
     publish: bool = True,
+    memory_limit: str = DEFAULT_MEMORY_LIMIT,
 ) -> RefreshSummary:
     """Load what changed since the last refresh, rebuild the affected funnel rows, publish.
 
     ``database`` is a SQLAlchemy URL or engine. ``full`` forgets the high-water marks and
-    rebuilds everything from scratch. Safe to call from several processes: they take turns.
+    rebuilds everything from scratch. ``memory_limit`` bounds DuckDB's memory in a full build
+    (a DuckDB size, "2GB"); it spills to a temporary directory past it. Safe to call from several
+    processes: they take turns.
     """
     engine = make_engine(database) if isinstance(database, str) else database
     try:
@@ -84,7 +89,12 @@ def refresh(
             writer_lock(warehouse_path),
         ):
             summary = _refresh_locked(
-                engine, Path(warehouse_path), full=full, lookback_s=lookback_s, publish=publish
+                engine,
+                Path(warehouse_path),
+                full=full,
+                lookback_s=lookback_s,
+                publish=publish,
+                memory_limit=memory_limit,
             )
             tracing.set_attributes(
                 span,
@@ -102,7 +112,13 @@ def refresh(
 
 
 def _refresh_locked(
-    engine: Engine, warehouse_path: Path, *, full: bool, lookback_s: float, publish: bool
+    engine: Engine,
+    warehouse_path: Path,
+    *,
+    full: bool,
+    lookback_s: float,
+    publish: bool,
+    memory_limit: str,
 ) -> RefreshSummary:
     started = time.perf_counter()
     summary = RefreshSummary(
@@ -172,10 +188,19 @@ def _refresh_locked(
 
             phase = time.perf_counter()
             summary.full_build = rebuild
-            summary.messages_rebuilt, summary.days_rebuilt, rebuilt = build_models(
-                connection, rebuild
-            )
-            summary.rows_deleted = deleted + rebuilt
+            if rebuild:
+                # A full build's slices stay within it; DuckDB spills past it.
+                connection.execute(f"SET memory_limit = {literal(memory_limit)}")
+                spill = warehouse_path.with_name(f".{warehouse_path.name}.spill")
+                connection.execute(f"SET temp_directory = {literal(str(spill))}")
+            built_counts = build_models(connection, rebuild)
+            summary.messages_rebuilt = built_counts.messages
+            summary.days_rebuilt = built_counts.days
+            summary.daily_rows_changed = built_counts.daily_rows
+            summary.latency_groups = built_counts.latency_groups
+            summary.latency_rows_read = built_counts.latency_rows_read
+            summary.slices = built_counts.slices
+            summary.rows_deleted = deleted + built_counts.rows_deleted
             unvacuumed = vacuum_policy(connection, summary, state_deleted, rebuild)
             save_state(connection, summary, fingerprint, unvacuumed)
             summary.timings_s["build"] = time.perf_counter() - phase
