@@ -25,7 +25,7 @@ from importlib.resources.abc import Traversable
 
 import duckdb
 
-from email_platform.warehouse.daily import apply_delta
+from email_platform.warehouse.daily import apply_delta, daily_columns
 from email_platform.warehouse.files import literal
 
 
@@ -201,9 +201,12 @@ def build_models(connection: duckdb.DuckDBPyConnection, full: bool) -> BuildCoun
     messages = connection.execute("SELECT count(*) FROM _scope").fetchone()[0]
     if not messages:
         return BuildCounts()
-    # The old versions, for the daily table's delta (their counts are subtracted).
+    # The old versions, for the daily table's delta (their counts are subtracted): only the
+    # columns the daily model reads, as the rows are spread over every row group (all of
+    # them cost 0.5 s at 1M messages, a scan of the whole table).
+    read_by_daily = daily_columns(connection, model_sql(FUNNEL_DAILY), FUNNEL)
     connection.execute(
-        f"CREATE OR REPLACE TEMP TABLE _funnel_old AS SELECT * FROM {FUNNEL} "
+        f"CREATE OR REPLACE TEMP TABLE _funnel_old AS SELECT {read_by_daily} FROM {FUNNEL} "
         "WHERE message_id IN (SELECT message_id FROM _scope)"
     )
     deleted = connection.execute(
@@ -218,7 +221,12 @@ def build_models(connection: duckdb.DuckDBPyConnection, full: bool) -> BuildCoun
     # weeks, so sorting would not narrow the zone maps of the row groups they fill.
     connection.execute(f"INSERT INTO {FUNNEL} SELECT * FROM _funnel_new")
     delta = apply_delta(
-        connection, model_sql(FUNNEL_DAILY), FUNNEL, FUNNEL_DAILY, "_funnel_old", "_funnel_new"
+        connection,
+        model_sql(FUNNEL_DAILY),
+        FUNNEL,
+        FUNNEL_DAILY,
+        "_funnel_old",
+        f"(SELECT {read_by_daily} FROM _funnel_new)",
     )
     return BuildCounts(
         messages=messages,

@@ -15,6 +15,7 @@ shadow ``email_funnel`` with the old or new versions of the rebuilt rows (``buil
 mechanism) or over the merged counts.
 """
 
+import re
 from dataclasses import dataclass
 
 import duckdb
@@ -51,6 +52,15 @@ def split_model(sql: str) -> tuple[str, str]:
     if not marker:
         raise ValueError(f"email_funnel_daily.sql has no {RATES_MARKER!r} line before its rates")
     return head, tail.split("\n", 1)[1]
+
+
+def daily_columns(connection: duckdb.DuckDBPyConnection, model_sql: str, funnel: str) -> str:
+    """The funnel columns the daily model can read: every column whose name appears in its
+    SQL (comments included: a superset is harmless; a missing one fails to bind, loudly),
+    and the message id the delta matches versions by."""
+    words = set(re.findall(r"[a-z_][a-z0-9_]*", model_sql.lower())) | {"message_id"}
+    columns = [row[0] for row in connection.execute(f"DESCRIBE {funnel}").fetchall()]
+    return ", ".join(name for name in columns if name in words)
 
 
 def _match(left: str, right: str) -> str:
@@ -100,42 +110,55 @@ def apply_delta(
     ).fetchone()
     if not delta.rows_changed:
         return delta
-    # The groups whose percentiles can have moved: a row's latency inputs or group changed.
-    inputs = sorted(set(LATENCY_INPUTS.values()))
-    if set(percentiles) == set(LATENCY_INPUTS):
-        tuple_ = ", ".join((*KEYS, "message_id", *inputs))
-        present = " OR ".join(f"{name} IS NOT NULL" for name in inputs)
+    # The groups whose percentiles can have moved, per input: a row's input or group changed.
+    # Each input is read only in the groups it moved in, and only where it is set.
+    known = set(percentiles) == set(LATENCY_INPUTS)
+    inputs = sorted(set(LATENCY_INPUTS.values())) if known else []
+    if known:
+        changed = []
+        for name in inputs:
+            tuple_ = ", ".join((*KEYS, "message_id", name))
+            set_ = f"{name} IS NOT NULL"
+            changed.append(
+                f"SELECT DISTINCT {keys}, '{name}' AS _input FROM ("
+                f"(SELECT {tuple_} FROM {old_rows} WHERE {set_} "
+                f"EXCEPT SELECT {tuple_} FROM {new_rows} WHERE {set_}) UNION ALL "
+                f"(SELECT {tuple_} FROM {new_rows} WHERE {set_} "
+                f"EXCEPT SELECT {tuple_} FROM {old_rows} WHERE {set_}))"
+            )
+        flags = ", ".join(f"bool_or(_input = '{name}') AS _moved_{name}" for name in inputs)
         connection.execute(
-            f"CREATE OR REPLACE TEMP TABLE _daily_latency AS SELECT DISTINCT {keys} FROM ("
-            f"(SELECT {tuple_} FROM {old_rows} WHERE {present} "
-            f"EXCEPT SELECT {tuple_} FROM {new_rows} WHERE {present}) UNION ALL "
-            f"(SELECT {tuple_} FROM {new_rows} WHERE {present} "
-            f"EXCEPT SELECT {tuple_} FROM {old_rows} WHERE {present}))"
+            f"CREATE OR REPLACE TEMP TABLE _daily_latency AS SELECT {keys}, {flags} "
+            f"FROM ({' UNION ALL '.join(changed)}) GROUP BY ALL"
         )
-        projected = ", ".join((*KEYS, *inputs))
+        projected = ", ".join(
+            (
+                *(f"f.{k}" for k in KEYS),
+                *(f"CASE WHEN g._moved_{n} THEN f.{n} END AS {n}" for n in inputs),
+            )
+        )
+        wanted = " OR ".join(f"(g._moved_{n} AND f.{n} IS NOT NULL)" for n in inputs)
     else:
+        # A percentile this module does not know: every changed group recomputes them all.
         connection.execute("CREATE OR REPLACE TEMP TABLE _daily_latency AS FROM _daily_changed")
-        projected = "*"
+        projected, wanted = "f.*", "true"
     delta.latency_groups = connection.execute("SELECT count(*) FROM _daily_latency").fetchone()[0]
     if delta.latency_groups:
-        # Only those groups' rows, and only the columns the percentiles read (the other
-        # columns of the shadow are NULL, so the counts computed alongside are ignored). The
-        # day range lets zone maps skip the rest of the funnel.
+        # The other columns of the shadow are NULL, so the counts computed alongside the
+        # percentiles are ignored. The day range lets zone maps skip the rest of the funnel.
         low, high = connection.execute("SELECT min(day), max(day) FROM _daily_latency").fetchone()
-        scoped = (
-            f"SELECT {projected} FROM {stored} AS f "
-            f"WHERE f.day BETWEEN DATE '{low}' AND DATE '{high}' "
-            f"AND EXISTS (SELECT 1 FROM _daily_latency AS g WHERE {_match('g', 'f')})"
+        connection.execute(
+            f"CREATE OR REPLACE TEMP TABLE _daily_inputs AS SELECT {projected} "
+            f"FROM {stored} AS f JOIN _daily_latency AS g ON {_match('g', 'f')} "
+            f"WHERE f.day BETWEEN DATE '{low}' AND DATE '{high}' AND ({wanted})"
         )
-        connection.execute(f"CREATE OR REPLACE TEMP TABLE _daily_inputs AS {scoped}")
         delta.latency_rows_read = connection.execute(
             "SELECT count(*) FROM _daily_inputs"
         ).fetchone()[0]
-        funnel_columns = [row[0] for row in connection.execute(f"DESCRIBE {stored}").fetchall()]
+        funnel_columns = [row[0] for row in connection.execute(f"DESCRIBE {old_rows}").fetchall()]
         kept = set(KEYS) | set(inputs)
         shadow = ", ".join(
-            name if name in kept or projected == "*" else f"NULL AS {name}"
-            for name in funnel_columns
+            name if name in kept or not known else f"NULL AS {name}" for name in funnel_columns
         )
         _over(
             connection,
@@ -149,13 +172,18 @@ def apply_delta(
             f"CREATE OR REPLACE TEMP TABLE _daily_percentiles AS "
             f"SELECT {keys}, {', '.join(percentiles)} FROM _daily_new LIMIT 0"
         )
+    # A percentile recomputed where its input moved; else the stored one (it did not move).
+    moved = {
+        name: f"g._moved_{LATENCY_INPUTS[name]}" if known else "g.day IS NOT NULL"
+        for name in percentiles
+    }
     merged_counts = ", ".join(
         f"coalesce(d.{name}, 0) + coalesce(n.{name}, 0) - coalesce(o.{name}, 0) AS {name}"
         for name in additive
     )
-    # A recomputed group's percentiles; else the stored ones (none changed).
     merged_percentiles = ", ".join(
-        f"CASE WHEN p._hit THEN p.{name} ELSE d.{name} END AS {name}" for name in percentiles
+        f"CASE WHEN coalesce({moved[name]}, false) THEN p.{name} ELSE d.{name} END AS {name}"
+        for name in percentiles
     )
     # Only groups left with messages: every count is at most the messages count.
     nonzero = " OR ".join(f"{name} <> 0" for name in additive)
@@ -168,8 +196,8 @@ def apply_delta(
         f'LEFT JOIN "{database}".main.{daily} AS d ON {_match("d", "c")} '
         f"LEFT JOIN _daily_old AS o ON {_match('o', 'c')} "
         f"LEFT JOIN _daily_new AS n ON {_match('n', 'c')} "
-        f"LEFT JOIN (SELECT *, true AS _hit FROM _daily_percentiles) AS p "
-        f"ON {_match('p', 'c')}) WHERE {nonzero}"
+        f"LEFT JOIN _daily_percentiles AS p ON {_match('p', 'c')} "
+        f"LEFT JOIN _daily_latency AS g ON {_match('g', 'c')}) WHERE {nonzero}"
     )
     delta.rows_deleted = connection.execute(
         f"DELETE FROM {daily} AS d WHERE EXISTS "
