@@ -20,6 +20,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
+from email_platform.common import config
 from email_platform.db.engine import make_engine
 from email_platform.db.schema import email_events
 from email_platform.observability import tracing
@@ -59,7 +60,6 @@ from email_platform.warehouse.state import (
 from email_platform.warehouse.summary import RefreshSummary
 
 DEFAULT_LOOKBACK_S = 120
-DEFAULT_MEMORY_LIMIT = "2GB"
 
 
 def refresh(
@@ -69,7 +69,7 @@ def refresh(
     full: bool = False,
     lookback_s: float = DEFAULT_LOOKBACK_S,
     publish: bool = True,
-    memory_limit: str = DEFAULT_MEMORY_LIMIT,
+    memory_limit: str | None = None,
 ) -> RefreshSummary:
     """Load what changed since the last refresh, rebuild the affected funnel rows, publish.
 
@@ -78,6 +78,11 @@ def refresh(
     (a DuckDB size, "2GB"); it spills to a temporary directory past it. Safe to call from several
     processes: they take turns.
     """
+    memory_limit = (
+        config.warehouse_memory()
+        if memory_limit is None
+        else config.checked_memory(memory_limit, "memory_limit")
+    )
     engine = make_engine(database) if isinstance(database, str) else database
     try:
         # One span per refresh, linked to no event: a refresh loads thousands of traces' rows,
