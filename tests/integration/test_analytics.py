@@ -36,6 +36,7 @@ from email_platform.db.schema import (
 from email_platform.resources import AppDatabase, Warehouse
 from email_platform.sensors.analytics import RECONCILE_S, analytics_refresh_sensor
 from email_platform.warehouse import load, refreshing, state
+from tests.support import as_loaded
 
 T0 = datetime(2026, 3, 2, 10, 0, 0, tzinfo=UTC)
 
@@ -296,20 +297,6 @@ EXPECTED_FUNNEL = [
 ]  # fmt: skip
 
 DAILY_KEYS = ["day", "template", "lane", "provider"]
-
-
-def as_loaded(table: str) -> str:
-    """A table's rows, sorted, with the columns a full load stores once on the message
-    (``Source.as_message``: NULL where equal to the message's) put back, as the stg_* views
-    do: an incremental load stores them as they come."""
-    source = next((s for s in warehouse.SOURCES if s.raw_table == table), None)
-    if source is None or not source.as_message:
-        return f"SELECT * FROM {table} ORDER BY ALL"
-    resolved = ", ".join(f"coalesce(r.{c}, m.{c}) AS {c}" for c in source.as_message)
-    return (
-        f"SELECT r.* REPLACE ({resolved}) FROM {table} AS r "
-        "LEFT JOIN raw_email_messages AS m ON m.message_id = r.message_id ORDER BY ALL"
-    )
 
 
 def rows(path, sql: str) -> list[dict]:  # type: ignore[no-untyped-def]
