@@ -63,6 +63,12 @@ def daily_columns(connection: duckdb.DuckDBPyConnection, model_sql: str, funnel:
     return ", ".join(name for name in columns if name in words)
 
 
+def _day_list(connection: duckdb.DuckDBPyConnection, query: str) -> str:
+    """The days ``query`` returns, as a list of DATE literals ("" when none)."""
+    days = sorted(row[0] for row in connection.execute(query).fetchall())
+    return ", ".join(f"DATE '{day}'" for day in days)
+
+
 def _match(left: str, right: str) -> str:
     return " AND ".join(f"{left}.{k} IS NOT DISTINCT FROM {right}.{k}" for k in KEYS)
 
@@ -131,25 +137,43 @@ def apply_delta(
             f"CREATE OR REPLACE TEMP TABLE _daily_latency AS SELECT {keys}, {flags} "
             f"FROM ({' UNION ALL '.join(changed)}) GROUP BY ALL"
         )
+        # Each input only on the days it moved in: literal day lists, which zone maps use
+        # (a join on the four group keys cost more than the rows it left out).
+        days_moved = {
+            name: _day_list(
+                connection, f"SELECT DISTINCT day FROM _daily_latency WHERE _moved_{name}"
+            )
+            for name in inputs
+        }
         projected = ", ".join(
             (
                 *(f"f.{k}" for k in KEYS),
-                *(f"CASE WHEN g._moved_{n} THEN f.{n} END AS {n}" for n in inputs),
+                *(
+                    f"CASE WHEN f.day IN ({days_moved[n] or 'NULL'}) THEN f.{n} END AS {n}"
+                    for n in inputs
+                ),
             )
         )
-        wanted = " OR ".join(f"(g._moved_{n} AND f.{n} IS NOT NULL)" for n in inputs)
+        wanted = (
+            " OR ".join(
+                f"(f.day IN ({days_moved[n]}) AND f.{n} IS NOT NULL)"
+                for n in inputs
+                if days_moved[n]
+            )
+            or "false"
+        )
     else:
         # A percentile this module does not know: every changed group recomputes them all.
         connection.execute("CREATE OR REPLACE TEMP TABLE _daily_latency AS FROM _daily_changed")
-        projected, wanted = "f.*", "true"
+        changed_days = _day_list(connection, "SELECT DISTINCT day FROM _daily_changed")
+        projected, wanted = "f.*", f"f.day IN ({changed_days})"
     delta.latency_groups = connection.execute("SELECT count(*) FROM _daily_latency").fetchone()[0]
     if delta.latency_groups:
         # The other columns of the shadow are NULL, so the counts computed alongside the
         # percentiles are ignored. The day range lets zone maps skip the rest of the funnel.
         low, high = connection.execute("SELECT min(day), max(day) FROM _daily_latency").fetchone()
         connection.execute(
-            f"CREATE OR REPLACE TEMP TABLE _daily_inputs AS SELECT {projected} "
-            f"FROM {stored} AS f JOIN _daily_latency AS g ON {_match('g', 'f')} "
+            f"CREATE OR REPLACE TEMP TABLE _daily_inputs AS SELECT {projected} FROM {stored} AS f "
             f"WHERE f.day BETWEEN DATE '{low}' AND DATE '{high}' AND ({wanted})"
         )
         delta.latency_rows_read = connection.execute(
