@@ -36,7 +36,6 @@ WITH counts AS (
     FROM email_funnel
     GROUP BY day, template, lane, provider
 )
--- rates over counts (a refresh runs this part alone over counts it merged: keep it last)
 SELECT
     *,
     accepted / nullif(messages, 0) AS acceptance_rate,

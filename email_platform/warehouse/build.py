@@ -25,7 +25,6 @@ from importlib.resources.abc import Traversable
 
 import duckdb
 
-from email_platform.warehouse.daily import apply_delta, daily_columns
 from email_platform.warehouse.files import literal
 
 
@@ -168,11 +167,9 @@ class BuildCounts:
     messages: int = 0
     days: int = 0
     rows_deleted: int = 0
-    # Daily rows whose counts changed; groups whose percentiles were recomputed and the funnel
-    # rows read for them (``daily``).
+    # Daily rows rewritten, and the funnel rows re-aggregated into them (the touched days').
     daily_rows: int = 0
-    latency_groups: int = 0
-    latency_rows_read: int = 0
+    daily_rows_read: int = 0
     # A full build's slices (``SLICE_MESSAGES`` messages each).
     slices: int = 0
 
@@ -201,46 +198,46 @@ def build_models(connection: duckdb.DuckDBPyConnection, full: bool) -> BuildCoun
     messages = connection.execute("SELECT count(*) FROM _scope").fetchone()[0]
     if not messages:
         return BuildCounts()
-    # The old versions, for the daily table's delta (their counts are subtracted): only the
-    # columns the daily model reads, as the rows are spread over every row group (all of
-    # them cost 0.5 s at 1M messages, a scan of the whole table).
-    read_by_daily = daily_columns(connection, model_sql(FUNNEL_DAILY), FUNNEL)
     connection.execute(
-        f"CREATE OR REPLACE TEMP TABLE _funnel_old AS SELECT {read_by_daily} FROM {FUNNEL} "
+        f"CREATE OR REPLACE TEMP TABLE _old_days AS SELECT DISTINCT day FROM {FUNNEL} "
         "WHERE message_id IN (SELECT message_id FROM _scope)"
     )
     deleted = connection.execute(
         f"DELETE FROM {FUNNEL} WHERE message_id IN (SELECT message_id FROM _scope)"
     ).fetchone()[0]
-    # Rows appended now get row ids past every existing one: the new versions are read back
-    # from the table's last row groups, not kept apart (a temp table cost a second write).
-    database = connection.execute("SELECT current_database()").fetchone()[0]
-    first_new = connection.execute(f"SELECT coalesce(max(rowid), -1) + 1 FROM {FUNNEL}").fetchone()[
-        0
-    ]
+    # Not sorted (0.02 s at 1M): the rows are a mix of new messages and old ones spread over
+    # weeks, so sorting would not narrow the zone maps of the row groups they fill.
     with shadowed(connection, _scope_filters(connection)):
-        # Not sorted (0.02 s at 1M): the rows are a mix of new messages and old ones spread
-        # over weeks, so sorting would not narrow the zone maps of the row groups they fill.
         connection.execute(
             f"INSERT INTO {FUNNEL} SELECT * FROM (\n{model_sql(FUNNEL)}\n) "
             "WHERE message_id IN (SELECT message_id FROM _scope)"
         )
-    delta = apply_delta(
-        connection,
-        model_sql(FUNNEL_DAILY),
-        FUNNEL,
-        FUNNEL_DAILY,
-        "_funnel_old",
-        # Qualified: the delta shadows the funnel's name with views over these rows.
-        f'(SELECT {read_by_daily} FROM "{database}".main.{FUNNEL} WHERE rowid >= {int(first_new)})',
+    connection.execute(
+        "CREATE OR REPLACE TEMP TABLE _days AS SELECT day FROM _old_days UNION "
+        f"SELECT DISTINCT day FROM {FUNNEL} WHERE message_id IN (SELECT message_id FROM _scope)"
     )
+    days = connection.execute("SELECT count(*) FROM _days").fetchone()[0]
+    # The days' rows are re-aggregated, not kept by deltas: its percentiles (medians, p95) are
+    # no sums and need every value of their group, and late first opens move them on every
+    # day they reach. A delta (add the new versions' counts, subtract the old ones', recompute
+    # only the percentiles that moved) measured ~0.2 s slower at 1M messages (bench/README.md,
+    # "Warehouse benchmark", 2026-12-06): the percentiles cost most of the re-aggregation.
+    deleted += connection.execute(
+        f"DELETE FROM {FUNNEL_DAILY} WHERE day IN (SELECT day FROM _days)"
+    ).fetchone()[0]
+    window = "day IN (SELECT day FROM _days)"
+    with shadowed(connection, {FUNNEL: window}):
+        daily_rows = connection.execute(
+            f"INSERT INTO {FUNNEL_DAILY} SELECT * FROM (\n{model_sql(FUNNEL_DAILY)}\n) "
+            f"WHERE {window} ORDER BY ALL"
+        ).fetchone()[0]
+    daily_read = connection.execute(f"SELECT count(*) FROM {FUNNEL} WHERE {window}").fetchone()[0]
     return BuildCounts(
         messages=messages,
-        days=delta.days_changed,
-        rows_deleted=deleted + delta.rows_deleted,
-        daily_rows=delta.rows_changed,
-        latency_groups=delta.latency_groups,
-        latency_rows_read=delta.latency_rows_read,
+        days=days,
+        rows_deleted=deleted,
+        daily_rows=daily_rows,
+        daily_rows_read=daily_read,
     )
 
 

@@ -206,8 +206,7 @@ def _refresh_locked(
             summary.messages_rebuilt = built_counts.messages
             summary.days_rebuilt = built_counts.days
             summary.daily_rows_changed = built_counts.daily_rows
-            summary.latency_groups = built_counts.latency_groups
-            summary.latency_rows_read = built_counts.latency_rows_read
+            summary.daily_rows_read = built_counts.daily_rows_read
             summary.slices = built_counts.slices
             summary.rows_deleted = deleted + built_counts.rows_deleted
             unvacuumed = vacuum_policy(connection, summary, state_deleted, rebuild)

@@ -18,11 +18,10 @@ class RefreshSummary:
     high_water_marks: dict[str, datetime | None] = field(default_factory=dict)
     messages_rebuilt: int = 0
     days_rebuilt: int = 0
-    # The daily table's delta (``daily``): its rows whose counts changed, the groups whose
-    # percentiles were recomputed and the funnel rows read for them; a full build's slices.
+    # The daily rows rewritten (the touched days') and the funnel rows re-aggregated into
+    # them; a full build's slices.
     daily_rows_changed: int = 0
-    latency_groups: int = 0
-    latency_rows_read: int = 0
+    daily_rows_read: int = 0
     slices: int = 0
     # Rows deleted to replace them (loaded rows that changed, rebuilt funnel and daily rows).
     rows_deleted: int = 0

@@ -5,7 +5,6 @@ import pytest
 
 from email_platform.common import config
 from email_platform.resources import Warehouse
-from email_platform.warehouse import daily
 
 
 def test_the_memory_bound_defaults_to_2gb_and_takes_a_size_from_the_environment():
@@ -20,18 +19,3 @@ def test_a_memory_bound_that_is_no_size_is_refused_naming_the_setting(value):
         config.warehouse_memory({"EMAIL_PLATFORM_WAREHOUSE_MEMORY": value})
     with pytest.raises(ValueError, match="memory_limit"):
         Warehouse(memory_limit=value).resolved_memory_limit()
-
-
-def test_the_daily_model_splits_into_its_counts_and_its_rates():
-    head, tail = daily.split_model(daily_model := _daily_sql())
-    assert head.lstrip().startswith("--") and "WITH counts AS" in head
-    assert tail.lstrip().startswith("SELECT") and tail.rstrip().endswith("FROM counts")
-    assert daily.RATES_MARKER in daily_model
-    with pytest.raises(ValueError, match="rates over counts"):
-        daily.split_model("SELECT 1")
-
-
-def _daily_sql() -> str:
-    from email_platform.warehouse.build import model_sql
-
-    return model_sql("email_funnel_daily")
