@@ -282,7 +282,14 @@ def _build_full(connection: duckdb.DuckDBPyConnection) -> BuildCounts:
                 f"INSERT INTO {FUNNEL_DAILY} SELECT * FROM (\n{model_sql(FUNNEL_DAILY)}\n) "
                 "ORDER BY ALL"
             )
-    return BuildCounts(messages=messages, days=len(days), slices=len(starts))
+    daily_rows = connection.execute(f"SELECT count(*) FROM {FUNNEL_DAILY}").fetchone()[0]
+    return BuildCounts(
+        messages=messages,
+        days=len(days),
+        daily_rows=daily_rows,
+        daily_rows_read=messages,
+        slices=len(starts),
+    )
 
 
 def _day_slices(days: list[tuple[object, int]], size: int) -> list[tuple[object, object]]:
