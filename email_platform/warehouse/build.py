@@ -231,7 +231,10 @@ def build_models(connection: duckdb.DuckDBPyConnection, full: bool) -> BuildCoun
             f"INSERT INTO {FUNNEL_DAILY} SELECT * FROM (\n{model_sql(FUNNEL_DAILY)}\n) "
             f"WHERE {window} ORDER BY ALL"
         ).fetchone()[0]
-    daily_read = connection.execute(f"SELECT count(*) FROM {FUNNEL} WHERE {window}").fetchone()[0]
+    # The funnel rows re-aggregated: every one counts once in its daily row's messages.
+    daily_read = connection.execute(
+        f"SELECT coalesce(sum(messages), 0) FROM {FUNNEL_DAILY} WHERE {window}"
+    ).fetchone()[0]
     return BuildCounts(
         messages=messages,
         days=days,
@@ -336,11 +339,7 @@ def event_id_range(connection: duckdb.DuckDBPyConnection, rows: str, column: str
 
 
 @contextmanager
-def shadowed(
-    connection: duckdb.DuckDBPyConnection,
-    filters: dict[str, str],
-    materialized: tuple[str, ...] = (),
-) -> Iterator[None]:
+def shadowed(connection: duckdb.DuckDBPyConnection, filters: dict[str, str]) -> Iterator[None]:
     """Shadow each named table with a temp view of only its rows matching the filter, for the
     duration of the block.
 
@@ -348,21 +347,19 @@ def shadowed(
     the staging views and the model SQL run unchanged over the rows that can change instead of
     aggregating everything and filtering afterwards (the filter does not push through their
     GROUP BYs). Views, not tables: each reader then scans only the columns it needs, and zone
-    maps skip the row groups the filter rules out; except the ``materialized`` ones, read by
-    several views (the messages: the sends, and the attempts' and provider events' joins).
+    maps skip the row groups the filter rules out.
     """
     # Fully qualified: inside the temp catalog, a bare ``main.`` names the temp schema itself.
     database = connection.execute("SELECT current_database()").fetchone()[0]
     created = []
     try:
         for table, condition in filters.items():
-            kind = "TABLE" if table in materialized else "VIEW"
             connection.execute(
-                f"CREATE OR REPLACE TEMP {kind} {table} AS "
-                f'SELECT * FROM "{database}".main.{table} WHERE {condition}'
+                f'CREATE OR REPLACE TEMP VIEW {table} AS SELECT * FROM "{database}".main.{table} '
+                f"WHERE {condition}"
             )
-            created.append((kind, table))
+            created.append(table)
         yield
     finally:
-        for kind, table in reversed(created):
-            connection.execute(f"DROP {kind} IF EXISTS temp.main.{table}")
+        for table in reversed(created):
+            connection.execute(f"DROP VIEW IF EXISTS temp.main.{table}")
