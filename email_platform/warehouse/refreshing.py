@@ -74,9 +74,9 @@ def refresh(
     """Load what changed since the last refresh, rebuild the affected funnel rows, publish.
 
     ``database`` is a SQLAlchemy URL or engine. ``full`` forgets the high-water marks and
-    rebuilds everything from scratch. ``memory_limit`` bounds DuckDB's memory in a full build
-    (a DuckDB size, "2GB"); it spills to a temporary directory past it. Safe to call from several
-    processes: they take turns.
+    rebuilds everything from scratch. ``memory_limit`` bounds DuckDB's memory (a DuckDB size;
+    unset: ``EMAIL_PLATFORM_WAREHOUSE_MEMORY``, default 2GB); it spills next to the file past
+    it. Safe to call from several processes: they take turns.
     """
     memory_limit = (
         config.warehouse_memory()
@@ -143,6 +143,12 @@ def _refresh_locked(
         # A full load writes every string once: FSST's cost (see files.connect) is paid once a
         # day for a file about a third smaller; incremental loads stay without it.
         connection.execute("RESET disabled_compression_methods")
+    # Every refresh within the bound, the loads included (a first load of 10M messages went to
+    # 5 GB with the bound set for the build alone); DuckDB spills past it next to the file.
+    # An incremental refresh stays far below it.
+    connection.execute(f"SET memory_limit = {literal(memory_limit)}")
+    spill = warehouse_path.with_name(f".{warehouse_path.name}.spill")
+    connection.execute(f"SET temp_directory = {literal(str(spill))}")
     try:
         ensure_schema(connection)
         state = load_state(connection)
@@ -197,11 +203,6 @@ def _refresh_locked(
 
             phase = time.perf_counter()
             summary.full_build = rebuild
-            if rebuild:
-                # A full build's slices stay within it; DuckDB spills past it.
-                connection.execute(f"SET memory_limit = {literal(memory_limit)}")
-                spill = warehouse_path.with_name(f".{warehouse_path.name}.spill")
-                connection.execute(f"SET temp_directory = {literal(str(spill))}")
             built_counts = build_models(connection, rebuild)
             summary.messages_rebuilt = built_counts.messages
             summary.days_rebuilt = built_counts.days
