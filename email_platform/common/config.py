@@ -92,8 +92,8 @@ _MEMORY = re.compile(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORE
 
 
 def warehouse_memory(env: Mapping[str, str] | None = None) -> str:
-    """The most memory DuckDB may use in a full build of the warehouse ("2GB"); it spills to
-    a temporary directory next to the file beyond it."""
+    """The most memory DuckDB may use in a warehouse refresh ("2GB"; a full build needs it);
+    it spills to a temporary directory next to the file beyond it."""
     raw = _env(env).get(PREFIX + "WAREHOUSE_MEMORY", "2GB").strip()
     return checked_memory(raw, PREFIX + "WAREHOUSE_MEMORY")
 

@@ -29,7 +29,7 @@ class Warehouse(ConfigurableResource):
     rate_check_min_messages: int = warehouse.Thresholds.min_messages
     rate_window_days: int = warehouse.Thresholds.window_days
     clock_skew_s: float = warehouse.Thresholds.clock_skew_s
-    # The most memory a full build may use (a DuckDB size, "2GB"); empty:
+    # The most memory a refresh may use, a full build's above all (a DuckDB size, "2GB"); empty:
     # EMAIL_PLATFORM_WAREHOUSE_MEMORY, default 2GB. It spills to disk beyond it.
     memory_limit: str | None = None
 

@@ -14,6 +14,7 @@ nothing was new or changed, the snapshot and the writer file stay as they are.
 """
 
 import os
+import shutil
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -40,6 +41,7 @@ from email_platform.warehouse.files import (
     prepare_next_writer,
     remove_leftovers,
     retire,
+    spill_path,
     writer_lock,
     writer_path,
 )
@@ -147,8 +149,7 @@ def _refresh_locked(
     # 5 GB with the bound set for the build alone); DuckDB spills past it next to the file.
     # An incremental refresh stays far below it.
     connection.execute(f"SET memory_limit = {literal(memory_limit)}")
-    spill = warehouse_path.with_name(f".{warehouse_path.name}.spill")
-    connection.execute(f"SET temp_directory = {literal(str(spill))}")
+    connection.execute(f"SET temp_directory = {literal(str(spill_path(warehouse_path)))}")
     try:
         ensure_schema(connection)
         state = load_state(connection)
@@ -236,6 +237,8 @@ def _refresh_locked(
         summary.timings_s["checkpoint"] = time.perf_counter() - phase
     finally:
         connection.close()
+        # DuckDB removes what it spilled, not the directory it made for it.
+        shutil.rmtree(spill_path(warehouse_path), ignore_errors=True)
     built = writer
     if unchanged:
         built = warehouse_path
