@@ -93,8 +93,8 @@ class LaneWorker:
         self.sleep = sleep or self.cancel.wait
         self._retries: list[_Retry] = []
         self.result = WorkerResult()
-        # How many due events the next claim takes: a backlog's first batch is one round of
-        # calls in flight, so sending starts after preparing that many, not a whole batch; the
+        # How many due events the next claim takes: a backlog's first batch is small
+        # (``_first_claim``), so sending starts after preparing that many, not a whole batch; the
         # batches after it double (each is prepared while the one before is sent) up to
         # ``batch_size``. Back to the first size whenever the lane runs dry.
         self._claim_size = lane.batch_size
@@ -199,8 +199,11 @@ class LaneWorker:
                 self.sleep(self._idle_wait(now))
 
     def _first_claim(self) -> int:
-        round_of_calls = self.lane.concurrency * batch_max_of(self.sender.provider)
-        return max(1, min(self.lane.batch_size, round_of_calls))
+        """One round of calls in flight at one message each (or one full call, if fewer calls
+        fit): sending starts after preparing that many. A batching provider's round of full
+        calls (``concurrency`` x its batch size) was a whole batch, prepared before any call."""
+        first = max(self.lane.concurrency, batch_max_of(self.sender.provider))
+        return max(1, min(self.lane.batch_size, first))
 
     def _send(self, event_ids: list[str], retry_number: int) -> None:
         """Claim and prepare a batch, then hand it to the delivery thread.

@@ -8,7 +8,7 @@ from sqlalchemy import Connection, Row, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from email_platform.db.schema import email_messages as messages
-from email_platform.store.bulk import on_postgresql, one_of, rows_in, unnest
+from email_platform.store.bulk import ids_per_statement, on_postgresql, one_of, rows_in, unnest
 
 PENDING, SENT, SUPPRESSED, EXPIRED, DUPLICATE, DEAD = (
     "pending",
@@ -24,11 +24,29 @@ TERMINAL = frozenset({SENT, SUPPRESSED, EXPIRED, DUPLICATE, DEAD})
 
 def for_events(connection: Connection, event_ids: Sequence[str]) -> list[Row]:
     rows: list[Row] = []
-    for start in range(0, len(event_ids), 500):
-        chunk = list(event_ids[start : start + 500])
+    size = ids_per_statement(connection)
+    for start in range(0, len(event_ids), size):
+        chunk = list(event_ids[start : start + size])
         rows.extend(
             connection.execute(
                 select(messages)
+                .where(one_of(connection, messages.c.event_id, chunk))
+                .order_by(messages.c.message_id)
+            ).all()
+        )
+    return rows
+
+
+def statuses_for_events(connection: Connection, event_ids: Sequence[str]) -> list[Row]:
+    """``(event_id, status)`` of these events' messages, in message order: what settling an
+    event reads, without the rest of each row."""
+    rows: list[Row] = []
+    size = ids_per_statement(connection)
+    for start in range(0, len(event_ids), size):
+        chunk = list(event_ids[start : start + size])
+        rows.extend(
+            connection.execute(
+                select(messages.c.event_id, messages.c.status)
                 .where(one_of(connection, messages.c.event_id, chunk))
                 .order_by(messages.c.message_id)
             ).all()
