@@ -179,7 +179,8 @@ class Recorder:
         if not accepted:
             return
         now = utcnow()
-        attempts.add(
+        # The attempts and the messages marked sent: one statement on PostgreSQL.
+        messages.record_accepted_calls(
             connection,
             [
                 {
@@ -198,14 +199,8 @@ class Recorder:
                 }
                 for item, result, started in accepted
             ],
+            now,
         )
-        by_provider: dict[str, list[tuple[int, str | None]]] = {}
-        for item, result, _ in accepted:
-            by_provider.setdefault(result.provider or self.provider_name, []).append(
-                (item.message.message_id, _provider_id(result.provider_message_id))
-            )
-        for provider, sent in by_provider.items():
-            messages.record_accepted_many(connection, sent, now, provider)
         # Only a message made before this claim can have a letter to close (a replay's).
         dead_letters.resolve_for_messages(
             connection,
