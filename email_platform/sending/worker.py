@@ -39,6 +39,12 @@ PROGRESS_EVERY_S = 30.0
 #: ``leases.RENEW_EVERY_S``, or a sixth of a shorter lease. The sensor replaces a worker silent
 #: for longer than ``sensors.outbox.HEARTBEAT_STALE_S``.
 HEARTBEAT_EVERY_S = RENEW_EVERY_S
+#: A worker that found due events within ``BUSY_FOR_S`` polls at least every ``BUSY_POLL_S``:
+#: a backlog still being published (a campaign's transactions of 1,000) is found as each
+#: transaction commits, not up to a whole ``worker_poll_s`` later, and an idle lane still polls
+#: at its own pace.
+BUSY_POLL_S = 0.05
+BUSY_FOR_S = 2.0
 
 
 @dataclass
@@ -194,9 +200,9 @@ class LaneWorker:
                 self._settle()  # nothing new to prepare: wait for the batch in flight instead
             elif self._delivering:
                 # Others may be sent beside it: look again after a poll, or once one is done.
-                self._settle(timeout_s=self._idle_wait(now))
+                self._settle(timeout_s=self._idle_wait(now, idle_since))
             else:
-                self.sleep(self._idle_wait(now))
+                self.sleep(self._idle_wait(now, idle_since))
 
     def _first_claim(self) -> int:
         """One round of calls in flight at one message each (or one full call, if fewer calls
@@ -294,8 +300,10 @@ class LaneWorker:
                 return retry
         return None
 
-    def _idle_wait(self, now: float) -> float:
+    def _idle_wait(self, now: float, found_at: float) -> float:
         wait = self.lane.worker_poll_s
+        if now - found_at < BUSY_FOR_S:
+            wait = min(wait, BUSY_POLL_S)
         if self._retries:
             wait = min(wait, max(0.0, min(r.due for r in self._retries) - now))
         return wait
