@@ -160,15 +160,26 @@ def in_process(
     stamp = f"{prefix}_{os.getpid()}_{int(time.time())}"
     db_name = f"bench_app_{stamp}"
     engine = prepare_app_db(create_database(db_name), 10)
-    sandbox = Sandbox(Path(tempfile.mkdtemp(prefix=f"bench_{prefix}_")) / "sandbox.log")
+    sandbox = Sandbox(
+        Path(tempfile.mkdtemp(prefix=f"bench_{prefix}_")) / "sandbox.log",
+        float(str(args.provider_latency_ms).split(",")[0]),
+    )
     provider = None
     try:
         publish_backlog(engine, args.events)
         lane = DEFAULT_LANE_CONFIGS[Lane.BULK]
-        lane = type(lane)(**{**lane.__dict__, "concurrency": args.concurrency, **lane_changes})
+        lane = type(lane)(
+            **{
+                **lane.__dict__,
+                "concurrency": args.concurrency,
+                **lane_changes,
+                # ``--lanes '{"bulk": {...}}'`` (the Dagster system's bulk settings) here too.
+                **getattr(args, "lanes", {}).get("bulk", {}),
+            }
+        )
         provider = SandboxProvider(
             sandbox.url,
-            max_connections=args.concurrency,
+            max_connections=lane.calls_in_flight,
             timeout_s=30,
             batch_max=args.provider_batch,
         )

@@ -180,6 +180,27 @@ def lower_priority(nice: int) -> None:
 GC_THRESHOLD = (50_000, 20, 10)
 
 
+#: How long a held storage connection lives before it is opened anew (a server-side idle
+#: timeout or a restarted server costs one failed read, then a fresh connection).
+STORAGE_POOL_RECYCLE_S = 600
+
+
+def hold_storage_connections(instance: DagsterInstance) -> bool:
+    """Keep this worker's connections to Dagster's storage open, as the webserver does.
+
+    dagster-postgres opens a database connection for every read and write (a pool that holds
+    none): a resident worker reads the run and every sensor's state for its stop check every
+    ``STOP_CHECK_EVERY_S`` and writes its log lines to the event log, and each connection cost
+    a few milliseconds of CPU here and a backend start on the server. Only where the worker has
+    a process of its own (as ``settle_heap``); no statement timeout, as without it."""
+    if multiprocessing.parent_process() is None or config.executor_settings().kind == "celery":
+        return False
+    instance.optimize_for_webserver(
+        statement_timeout=0, pool_recycle=STORAGE_POOL_RECYCLE_S, max_overflow=4
+    )
+    return True
+
+
 def settle_heap() -> bool:
     """Leave what start-up made (Dagster, SQLAlchemy, the code location) out of garbage
     collection from here on, and collect young objects less often: a full collection scanned
@@ -247,6 +268,7 @@ def _run_worker(
 
     lower_priority(lane.nice)
     settle_heap()
+    hold_storage_connections(context.instance)
     log = logs.bind(context.log, lane=lane.lane.value, run_id=context.run_id)
     # Connections for every batch in flight: sized for one, a hung batch's calls held all of
     # them, and the next batch's calls waited for a free one instead of going out.

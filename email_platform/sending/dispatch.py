@@ -411,13 +411,14 @@ def _end_spans(spans: list[Any], results: Sequence[Result]) -> None:
 def messages_per_call(count: int, in_flight: int, batch_max: int) -> int:
     """How many of ``count`` messages go in one provider call.
 
-    Where ``in_flight`` calls can give every message a call of its own, each gets one: all are
-    in flight at once, and a call that fails as a whole (a timeout) is one message's failure.
-    Past that, calls carry up to ``batch_max``: a call costs a request against the provider's
-    rate limit and CPU on both ends, and a fuller one takes about as long (spreading 1,000 over
-    256 in flight made calls of 4, 25 times the requests).
+    Where one call could carry them all and ``in_flight`` calls can give every message a call
+    of its own, each gets one: all are in flight at once, and a call that fails as a whole (a
+    timeout) is one message's failure. Past that, calls carry up to ``batch_max``: a call costs
+    a request against the provider's rate limit and CPU on both ends, and a fuller one takes
+    about as long (spreading 1,000 over 256 in flight made calls of 4, 25 times the requests;
+    a bulk lane's 256 events of a backlog's first claim went out as 256 calls, not 3).
     """
-    return 1 if count <= in_flight else max(1, batch_max)
+    return 1 if count <= min(in_flight, batch_max) else max(1, batch_max)
 
 
 def batch_max_of(provider: EmailProvider) -> int:

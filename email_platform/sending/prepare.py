@@ -314,6 +314,7 @@ class Preparer:
                         # An event published outside any trace: its send span continues the
                         # render's trace, so the message's spans still form one trace.
                         event.trace_context or tracing.carrier_of(render_span),
+                        fresh=message.message_id in made_now,
                     )
                 )
                 if route.attachments is not None:  # made once this transaction has committed

@@ -179,7 +179,8 @@ class Recorder:
         if not accepted:
             return
         now = utcnow()
-        attempts.add(
+        # The attempts and the messages marked sent: one statement on PostgreSQL.
+        messages.record_accepted_calls(
             connection,
             [
                 {
@@ -198,17 +199,12 @@ class Recorder:
                 }
                 for item, result, started in accepted
             ],
+            now,
         )
-        by_provider: dict[str, list[tuple[int, str | None]]] = {}
-        for item, result, _ in accepted:
-            by_provider.setdefault(result.provider or self.provider_name, []).append(
-                (item.message.message_id, _provider_id(result.provider_message_id))
-            )
-        for provider, sent in by_provider.items():
-            messages.record_accepted_many(connection, sent, now, provider)
+        # Only a message made before this claim can have a letter to close (a replay's).
         dead_letters.resolve_for_messages(
             connection,
-            [item.message.message_id for item, _, _ in accepted],
+            [item.message.message_id for item, _, _ in accepted if not item.fresh],
             status=dead_letters.REPLAYED,
             run_id=run_id,
             now=now,
@@ -570,8 +566,8 @@ class Recorder:
     ) -> list[str]:
         """Close every event whose messages are all terminal; return those still in flight."""
         by_event: dict[str, list[str]] = {eid: [] for eid in event_ids}
-        for message in messages.for_events(connection, list(event_ids)):
-            by_event[message.event_id].append(message.status)
+        for event_id, status in messages.statuses_for_events(connection, list(event_ids)):
+            by_event[event_id].append(status)
         in_flight: list[str] = []
         done: dict[str, list[str]] = {}
         dead: list[str] = []

@@ -89,6 +89,9 @@ class Work:
     #: The W3C context the provider call's span continues (the event's, else the render's);
     #: None when tracing is off.
     trace_parent: dict[str, str] | None = None
+    #: Made by this attempt's claim: no dead letter can name the message yet, so recording its
+    #: acceptance has none to close (a retried or replayed message may have one).
+    fresh: bool = False
 
 
 #: What one provider call answered for one message.

@@ -39,6 +39,13 @@ PROGRESS_EVERY_S = 30.0
 #: ``leases.RENEW_EVERY_S``, or a sixth of a shorter lease. The sensor replaces a worker silent
 #: for longer than ``sensors.outbox.HEARTBEAT_STALE_S``.
 HEARTBEAT_EVERY_S = RENEW_EVERY_S
+#: A worker that found a backlog (a round of calls' worth of due events, or a whole batch)
+#: within ``BUSY_FOR_S`` polls at least every ``BUSY_POLL_S``: a campaign still being published
+#: (transactions of 1,000) is found as each transaction commits, not up to a whole
+#: ``worker_poll_s`` later. A trickle (a critical lane's few resets a second) or an idle lane
+#: polls at the lane's own pace.
+BUSY_POLL_S = 0.05
+BUSY_FOR_S = 2.0
 
 
 @dataclass
@@ -93,8 +100,8 @@ class LaneWorker:
         self.sleep = sleep or self.cancel.wait
         self._retries: list[_Retry] = []
         self.result = WorkerResult()
-        # How many due events the next claim takes: a backlog's first batch is one round of
-        # calls in flight, so sending starts after preparing that many, not a whole batch; the
+        # How many due events the next claim takes: a backlog's first batch is small
+        # (``_first_claim``), so sending starts after preparing that many, not a whole batch; the
         # batches after it double (each is prepared while the one before is sent) up to
         # ``batch_size``. Back to the first size whenever the lane runs dry.
         self._claim_size = lane.batch_size
@@ -141,6 +148,7 @@ class LaneWorker:
         self._claim_size = self._first_claim()
         started = self.clock()
         idle_since = started
+        backlog_at = -BUSY_FOR_S  # when a poll last found a backlog
         last_progress = started
         progress_mark: Counter = Counter()
         while True:
@@ -186,6 +194,8 @@ class LaneWorker:
                     )
                 if event_ids:
                     self._claim_size = min(self.lane.batch_size, 2 * self._claim_size)
+                    if len(event_ids) >= min(self.lane.batch_size, self.lane.concurrency):
+                        backlog_at = now
                     self._send(event_ids, 0)
                     idle_since = self.clock()
                     continue
@@ -194,13 +204,16 @@ class LaneWorker:
                 self._settle()  # nothing new to prepare: wait for the batch in flight instead
             elif self._delivering:
                 # Others may be sent beside it: look again after a poll, or once one is done.
-                self._settle(timeout_s=self._idle_wait(now))
+                self._settle(timeout_s=self._idle_wait(now, backlog_at))
             else:
-                self.sleep(self._idle_wait(now))
+                self.sleep(self._idle_wait(now, backlog_at))
 
     def _first_claim(self) -> int:
-        round_of_calls = self.lane.concurrency * batch_max_of(self.sender.provider)
-        return max(1, min(self.lane.batch_size, round_of_calls))
+        """One round of calls in flight at one message each (or one full call, if fewer calls
+        fit): sending starts after preparing that many. A batching provider's round of full
+        calls (``concurrency`` x its batch size) was a whole batch, prepared before any call."""
+        first = max(self.lane.concurrency, batch_max_of(self.sender.provider))
+        return max(1, min(self.lane.batch_size, first))
 
     def _send(self, event_ids: list[str], retry_number: int) -> None:
         """Claim and prepare a batch, then hand it to the delivery thread.
@@ -291,8 +304,10 @@ class LaneWorker:
                 return retry
         return None
 
-    def _idle_wait(self, now: float) -> float:
+    def _idle_wait(self, now: float, backlog_at: float) -> float:
         wait = self.lane.worker_poll_s
+        if now - backlog_at < BUSY_FOR_S:
+            wait = min(wait, BUSY_POLL_S)
         if self._retries:
             wait = min(wait, max(0.0, min(r.due for r in self._retries) - now))
         return wait

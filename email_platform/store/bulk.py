@@ -45,6 +45,18 @@ def on_postgresql(connection: Connection) -> bool:
     return connection.dialect.name == "postgresql"
 
 
+#: Ids one statement takes. SQLite's IN list has a placeholder per id (older builds allow 999 in
+#: all); PostgreSQL's array is one parameter, so a lane's whole batch goes in one statement
+#: instead of one per 500, each a round trip and an index walk of its own.
+IDS_PER_STATEMENT = {"postgresql": 5000}
+IDS_PER_STATEMENT_DEFAULT = 500
+
+
+def ids_per_statement(connection: Connection) -> int:
+    """How many ids ``one_of`` should get at once on this connection's database."""
+    return IDS_PER_STATEMENT.get(connection.dialect.name, IDS_PER_STATEMENT_DEFAULT)
+
+
 def _array_of(column: Any) -> ARRAY:
     item = column.type
     if isinstance(item, String) and item.length is not None:

@@ -7,8 +7,16 @@ from typing import Any
 from sqlalchemy import Connection, Row, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
+from email_platform.db.schema import email_attempts
 from email_platform.db.schema import email_messages as messages
-from email_platform.store.bulk import on_postgresql, one_of, rows_in, unnest
+from email_platform.store.bulk import (
+    ids_per_statement,
+    insert_rows,
+    on_postgresql,
+    one_of,
+    rows_in,
+    unnest,
+)
 
 PENDING, SENT, SUPPRESSED, EXPIRED, DUPLICATE, DEAD = (
     "pending",
@@ -24,11 +32,29 @@ TERMINAL = frozenset({SENT, SUPPRESSED, EXPIRED, DUPLICATE, DEAD})
 
 def for_events(connection: Connection, event_ids: Sequence[str]) -> list[Row]:
     rows: list[Row] = []
-    for start in range(0, len(event_ids), 500):
-        chunk = list(event_ids[start : start + 500])
+    size = ids_per_statement(connection)
+    for start in range(0, len(event_ids), size):
+        chunk = list(event_ids[start : start + size])
         rows.extend(
             connection.execute(
                 select(messages)
+                .where(one_of(connection, messages.c.event_id, chunk))
+                .order_by(messages.c.message_id)
+            ).all()
+        )
+    return rows
+
+
+def statuses_for_events(connection: Connection, event_ids: Sequence[str]) -> list[Row]:
+    """``(event_id, status)`` of these events' messages, in message order: what settling an
+    event reads, without the rest of each row."""
+    rows: list[Row] = []
+    size = ids_per_statement(connection)
+    for start in range(0, len(event_ids), size):
+        chunk = list(event_ids[start : start + size])
+        rows.extend(
+            connection.execute(
+                select(messages.c.event_id, messages.c.status)
                 .where(one_of(connection, messages.c.event_id, chunk))
                 .order_by(messages.c.message_id)
             ).all()
@@ -136,6 +162,51 @@ def record_accepted_many(
         .where(messages.c.message_id == bindparam("b_message_id"))
         .values(**values, provider_message_id=bindparam("b_provider_message_id")),
         [{"b_message_id": m, "b_provider_message_id": p} for m, p in accepted],
+    )
+
+
+def record_accepted_calls(
+    connection: Connection, attempt_rows: Sequence[dict[str, Any]], now: datetime
+) -> None:
+    """Accepted provider calls: their ``email_attempts`` rows, and each message marked sent
+    with the provider and message id of its row (``record_accepted_many``).
+
+    On PostgreSQL one statement does both (the UPDATE in a WITH clause of the attempts'
+    INSERT, from one row source); elsewhere, an insert and an update per provider.
+    """
+    if not attempt_rows:
+        return
+    if not on_postgresql(connection):
+        insert_rows(connection, email_attempts, attempt_rows)
+        by_provider: dict[str, list[tuple[int, str | None]]] = {}
+        for row in attempt_rows:
+            by_provider.setdefault(row["provider"], []).append(
+                (row["message_id"], row["provider_message_id"])
+            )
+        for provider, accepted in by_provider.items():
+            record_accepted_many(connection, accepted, now, provider)
+        return
+    columns = sorted(set().union(*(row.keys() for row in attempt_rows)))
+    source = unnest(email_attempts, columns, attempt_rows)
+    calls = select(*(source.c[name] for name in columns)).cte("calls")
+    marked = (
+        update(messages)
+        .where(messages.c.message_id == calls.c.message_id)
+        .values(
+            attempts=messages.c.attempts + 1,
+            updated_at=now,
+            provider=calls.c.provider,
+            last_error=None,
+            status=SENT,
+            sent_at=now,
+            provider_message_id=calls.c.provider_message_id,
+        )
+        .cte("marked")
+    )
+    connection.execute(
+        insert(email_attempts)
+        .from_select(columns, select(*(calls.c[name] for name in columns)))
+        .add_cte(marked)
     )
 
 

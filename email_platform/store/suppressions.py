@@ -20,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 
 from email_platform.db.schema import suppressions
 from email_platform.store import privacy_keys
-from email_platform.store.bulk import one_of
+from email_platform.store.bulk import ids_per_statement, one_of
 
 HARD_BOUNCE, COMPLAINT, UNSUBSCRIBE, MANUAL = "hard_bounce", "complaint", "unsubscribe", "manual"
 #: The reason of every hashed row: an erased person gets no mail at all, password resets too.
@@ -189,10 +189,11 @@ def reasons_for(connection: Connection, addresses: Iterable[str]) -> dict[str, s
         owner.update({hashed(secret, key): key for key in keys})
     lookup = sorted(owner)
     found: dict[str, str] = {}
-    for start in range(0, len(lookup), 500):
+    size = ids_per_statement(connection)
+    for start in range(0, len(lookup), size):
         rows = connection.execute(
             select(suppressions.c.address, suppressions.c.reason).where(
-                one_of(connection, suppressions.c.address, lookup[start : start + 500])
+                one_of(connection, suppressions.c.address, lookup[start : start + size])
             )
         ).all()
         for row_key, reason in rows:

@@ -145,7 +145,7 @@ def test_a_backlog_is_claimed_a_round_of_calls_first_then_in_doubling_batches(en
 
 
 def test_a_provider_taking_batches_is_claimed_a_whole_batch_at_once(engine, sandbox):
-    """A round of batch calls (2 calls of up to 100) holds more than a batch: no ramp."""
+    """One full batch call (up to 100) holds more than a batch: no ramp."""
     [signup(engine, f"u{i}") for i in range(20)]
     claimed_after: list[int] = []
     worker = _worker(
@@ -157,6 +157,23 @@ def test_a_provider_taking_batches_is_claimed_a_whole_batch_at_once(engine, sand
     )
     assert worker.run().totals["sent"] == 20
     assert _claim_sizes(claimed_after) == [8, 8, 4]
+
+
+def test_a_provider_taking_batches_starts_with_one_full_call_then_doubles(engine, sandbox):
+    """A round of full batch calls (2 calls of 3 here; 256 of 100 in the bulk lane) would be a
+    whole batch prepared before the first call: the first claim is one call's worth."""
+    [signup(engine, f"u{i}") for i in range(20)]
+    claimed_after: list[int] = []
+    worker = _worker(
+        engine,
+        sandbox.base_url,
+        _lane(batch_size=8, concurrency=2),
+        "worker-1",
+        on_batch=lambda result: claimed_after.append(result.totals["claimed"]),
+    )
+    worker.sender.provider = SandboxProvider(sandbox.base_url, batch_max=3, timeout_s=5)
+    assert worker.run().totals["sent"] == 20
+    assert _claim_sizes(claimed_after) == [3, 6, 8, 3]
 
 
 def test_events_published_while_the_worker_runs_are_sent_within_a_poll(engine, sandbox):

@@ -179,6 +179,29 @@ def test_a_batch_fills_its_calls_before_it_spreads_them(engine, sandbox):
     assert (stats["batch_requests"], stats["send_attempts"]) == (3, 25)
 
 
+def test_a_batch_more_than_one_call_carries_fills_its_calls_even_with_calls_to_spare(
+    engine, sandbox
+):
+    """25 messages could each have one of 30 calls in flight, but one call cannot carry them
+    all: three calls, not 25 (a bulk lane's first claim of 256 went out as 256 calls)."""
+    ids = [signup(engine, f"u{i}") for i in range(25)]
+    provider = SandboxProvider(sandbox.base_url, batch_max=10, max_connections=30)
+    outcome = batch_sender(engine, provider, _lane(concurrency=30)).run(ids, run_id="run-1")
+    assert outcome.sent == 25
+    stats = sandbox_stats(sandbox.base_url)
+    assert (stats["batch_requests"], stats["send_attempts"]) == (3, 25)
+
+
+def test_a_batch_one_call_could_carry_gets_a_call_per_message_when_calls_allow(engine, sandbox):
+    """Five messages, eight calls in flight: each its own call, all in one round trip."""
+    ids = [signup(engine, f"u{i}") for i in range(5)]
+    provider = SandboxProvider(sandbox.base_url, batch_max=10, max_connections=8)
+    outcome = batch_sender(engine, provider, _lane(concurrency=8)).run(ids, run_id="run-1")
+    assert outcome.sent == 5
+    stats = sandbox_stats(sandbox.base_url)
+    assert (stats["batch_requests"], stats["send_attempts"]) == (0, 5)
+
+
 def _worker(engine: Engine, provider, lane: LaneConfig, run_id: str) -> LaneWorker:  # type: ignore[no-untyped-def]
     return LaneWorker(
         sender=batch_sender(engine, provider, lane), engine=engine, lane=lane, run_id=run_id

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import Connection, Row, and_, case, or_, select, update
 
 from email_platform.db.schema import email_outbox as outbox
-from email_platform.store.bulk import one_of
+from email_platform.store.bulk import ids_per_statement, one_of
 from email_platform.store.outbox.states import (
     DEAD,
     IN_FLIGHT,
@@ -93,7 +93,7 @@ def find_due(
 
 
 def mark_requested(connection: Connection, event_ids: Sequence[str], now: datetime) -> None:
-    for chunk in chunks(event_ids, 500):
+    for chunk in chunks(event_ids, ids_per_statement(connection)):
         connection.execute(
             update(outbox)
             .where(one_of(connection, outbox.c.event_id, chunk))
@@ -140,7 +140,7 @@ def claim(
         .returning(*outbox.c)
     )
     claimed: list[Row] = []
-    for chunk in chunks(event_ids, 500):
+    for chunk in chunks(event_ids, ids_per_statement(connection)):
         in_chunk = one_of(connection, outbox.c.event_id, chunk)
         if connection.dialect.name == "postgresql":
             # What this run already holds is waited for, not skipped: its own lease renewal
@@ -164,7 +164,7 @@ def claim(
 def held_by(connection: Connection, event_ids: Sequence[str], run_id: str) -> set[str]:
     """The given events that ``run_id`` still holds: in flight under its claim."""
     held: set[str] = set()
-    for chunk in chunks(event_ids, 500):
+    for chunk in chunks(event_ids, ids_per_statement(connection)):
         held.update(
             connection.execute(
                 select(outbox.c.event_id).where(
@@ -202,7 +202,7 @@ def renew_leases(connection: Connection, run_id: str, until: datetime) -> int:
 def extend_lease(
     connection: Connection, event_ids: Sequence[str], run_id: str, until: datetime
 ) -> None:
-    for chunk in chunks(event_ids, 500):
+    for chunk in chunks(event_ids, ids_per_statement(connection)):
         connection.execute(
             update(outbox)
             .where(
@@ -223,7 +223,7 @@ def finish(
     now: datetime,
 ) -> None:
     """Mark events ``done`` or ``dead`` and drop their claim."""
-    for chunk in chunks(event_ids, 500):
+    for chunk in chunks(event_ids, ids_per_statement(connection)):
         connection.execute(
             update(outbox)
             .where(one_of(connection, outbox.c.event_id, chunk))
@@ -302,7 +302,7 @@ def make_requestable(connection: Connection, event_ids: Sequence[str], max_reque
     waits out its lane's request timeout instead, so doomed runs do not loop tightly.
     """
     total = 0
-    for chunk in chunks(event_ids, 500):
+    for chunk in chunks(event_ids, ids_per_statement(connection)):
         total += connection.execute(
             update(outbox)
             .where(
