@@ -6,7 +6,9 @@ database (``--backend postgresql``: a fresh PostgreSQL database on ``BENCH_POSTG
 five provider events per message), runs a full refresh, then ``--rounds``
 incremental refreshes of ``--increment`` new messages each (plus late opens for old messages,
 mostly recent ones; ``--late-uniform`` spreads them over the whole history, the worst case),
-and prints a table. Each refresh runs in its own process so its peak RSS is its own.
+and prints a table. The history is generated, and each refresh runs, in its own process so
+each peak RSS is its own. ``--json FILE`` writes the results there after every step (a run
+stopped part way keeps the sizes and steps it finished); ``--json`` alone prints them.
 """
 
 import argparse
@@ -17,8 +19,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -60,6 +63,35 @@ def _phase(database_url: str, warehouse_path: str, full: bool) -> None:
             }
         )
     )
+
+
+def _generate_phase(database_url: str, messages: int, days: float, end: str) -> None:
+    started = time.perf_counter()
+
+    def progress(done: int, total: int) -> None:
+        elapsed = time.perf_counter() - started
+        print(f"  generated {done:,}/{total:,} messages in {elapsed:.0f} s", file=sys.stderr)
+
+    generated = generate(
+        database_url, messages=messages, days=days, end=datetime.fromisoformat(end),
+        chunk=GENERATE_CHUNK, progress=progress,
+    )  # fmt: skip
+    print(json.dumps({**asdict(generated), "peak_rss_mb": _peak_rss_mb()}))
+
+
+# Messages made and written at a time: a few hundred MB of rows in flight.
+GENERATE_CHUNK = 100_000
+
+
+def _generate(database_url: str, messages: int, days: float, end: datetime) -> dict:
+    """The history, made in a process of its own (its peak RSS is the generator's alone)."""
+    output = subprocess.run(
+        [sys.executable, "-m", "bench.analytics", "--phase", "generate",
+         "--database-url", database_url, "--messages", str(messages), "--days", str(days),
+         "--end", end.isoformat()],
+        check=True, stdout=subprocess.PIPE, text=True,
+    ).stdout  # fmt: skip
+    return json.loads(output.strip().splitlines()[-1])
 
 
 def _measure(database_url: str, warehouse_path: str, full: bool) -> dict:
@@ -105,10 +137,17 @@ def run(
     workdir: Path,
     backend: str = "sqlite",
     late_recency_days: float | None = 2.0,
+    on_step: Callable[[list[dict]], None] | None = None,
 ) -> list[dict]:
+    """The steps for one size; ``on_step`` gets the steps so far after each. The history and
+    the warehouse are deleted afterwards (at ten million messages they take tens of GB)."""
     with _database(backend, workdir, messages) as url:
         path = workdir / f"warehouse_{backend}_{messages}.duckdb"
-        return _run(url, messages, increment, rounds, days, path, late_recency_days)
+        try:
+            return _run(url, messages, increment, rounds, days, path, late_recency_days, on_step)
+        finally:
+            for leftover in workdir.glob(f"*_{messages}.*"):
+                leftover.unlink()
 
 
 def _run(
@@ -119,26 +158,68 @@ def _run(
     days: float,
     path: Path,
     late_recency_days: float | None,
+    on_step: Callable[[list[dict]], None] | None = None,
 ) -> list[dict]:
+    results: list[dict] = []
+
+    def record(step: dict) -> None:
+        if "timings" in step:
+            step["visible"] = step["timings"]["visible"]
+        step["load_average"] = os.getloadavg()
+        results.append(step)
+        _progress(f"  {step['step']}: {step['seconds']:.1f} s")
+        if on_step:
+            on_step(results)
+
     now = datetime.now(UTC)
-    generated = generate(url, messages=messages, days=days, end=now)
+    _progress(f"{messages:,} messages: generating")
+    generated = _generate(url, messages, days, now)
     _analyze(url)
-    results = [
-        {"step": "generate (not timed work)", "seconds": generated.seconds,
-         "rows": generated.messages + generated.attempts + generated.provider_events}
-    ]  # fmt: skip
-    full = _measure(url, str(path), True)
-    results.append({"step": f"full build {messages:,}", **full})
+    record({"step": "generate (not timed work)", "seconds": generated["seconds"],
+            "rows": generated["messages"] + generated["attempts"] + generated["provider_events"],
+            "peak_rss_mb": generated["peak_rss_mb"],
+            "source_mb": _source_mb(url)})  # fmt: skip
+    record({"step": f"full build {messages:,}", **_measure(url, str(path), True)})
     for round_ in range(rounds):
         end = now + timedelta(minutes=10 * (round_ + 1))
         generate(url, messages=increment, days=0.005, end=end, seed=100 + round_,
                  steady_state=True, late_recency_days=late_recency_days)  # fmt: skip
         _analyze(url)
         step = _measure(url, str(path), False)
-        results.append({"step": f"incremental +{increment:,} #{round_ + 1}", **step})
-    nothing = _measure(url, str(path), False)
-    results.append({"step": "re-run, nothing new", **nothing})
+        record({"step": f"incremental +{increment:,} #{round_ + 1}", **step})
+    record({"step": "re-run, nothing new", **_measure(url, str(path), False)})
     return results
+
+
+def _progress(line: str) -> None:
+    print(f"[{datetime.now(UTC):%H:%M:%S}] {line}", file=sys.stderr, flush=True)
+
+
+def _source_mb(url: str) -> float | None:
+    """The application database's size on disk (SQLite file; None for PostgreSQL)."""
+    if not url.startswith("sqlite:///"):
+        return None
+    return Path(url.removeprefix("sqlite:///")).stat().st_size / 2**20
+
+
+def summarize(messages: int, backend: str, results: list[dict]) -> dict:
+    """One size's figures as the README's table gives them, over the steps (JSON-ready)."""
+    steps = {r["step"]: r for r in results}
+    generated = results[0]
+    full = steps.get(f"full build {messages:,}")
+    increments = [r for r in results if r["step"].startswith("incremental")]
+    return {
+        "messages": messages,
+        "backend": backend,
+        "generate_s": generated["seconds"],
+        "generate_peak_rss_mb": generated.get("peak_rss_mb"),
+        "full_build_visible_s": full["visible"] if full else None,
+        "full_build_peak_rss_mb": full["peak_rss_mb"] if full else None,
+        "increment_visible_s": [r["visible"] for r in increments],
+        "increment_peak_rss_mb": [r["peak_rss_mb"] for r in increments],
+        "file_mb": results[-1].get("file_mb"),
+        "steps": results,
+    }
 
 
 def _analyze(url: str) -> None:
@@ -199,7 +280,10 @@ def main(argv: list[str] | None = None) -> None:
         help="application database to load from (postgresql: a fresh database on "
         "BENCH_POSTGRES, default postgresql+psycopg://postgres@127.0.0.1:5432)",
     )
-    parser.add_argument("--phase", choices=["full", "incremental"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--phase", choices=["full", "incremental", "generate"], help=argparse.SUPPRESS
+    )
+    parser.add_argument("--end", help=argparse.SUPPRESS)
     parser.add_argument("--database-url", help=argparse.SUPPRESS)
     parser.add_argument("--warehouse", help=argparse.SUPPRESS)
     parser.add_argument(
@@ -208,22 +292,46 @@ def main(argv: list[str] | None = None) -> None:
         help="late opens hit messages uniformly over the whole history (worst case) instead "
         "of mostly recent ones (exponential age, mean 2 days)",
     )
-    parser.add_argument("--json", action="store_true", help="print the raw results as JSON")
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="FILE",
+        help="write the results as JSON to FILE after every step (alone: print them at the end)",
+    )
     args = parser.parse_args(argv)
+    if args.phase == "generate":
+        _generate_phase(args.database_url, args.messages[0], args.days, args.end)
+        return
     if args.phase:
         _phase(args.database_url, args.warehouse, args.phase == "full")
         return
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench_analytics_"))
     workdir.mkdir(parents=True, exist_ok=True)
+    sizes: list[dict] = []
+    late = "uniform late events" if args.late_uniform else "recent late events"
     for messages in args.messages or [100_000]:
         recency = None if args.late_uniform else 2.0
+
+        def save(steps: list[dict], messages: int = messages) -> None:
+            if args.json and args.json != "-":
+                _write_json(Path(args.json), [*sizes, summarize(messages, args.backend, steps)])
+
         results = run(
-            messages, args.increment, args.rounds, args.days, workdir, args.backend, recency
-        )
-        late = "uniform late events" if args.late_uniform else "recent late events"
+            messages, args.increment, args.rounds, args.days, workdir, args.backend, recency,
+            on_step=save,
+        )  # fmt: skip
+        sizes.append(summarize(messages, args.backend, results))
         _print(f"{messages:,} messages, {args.backend}, {late}", results)
-        if args.json:
-            print(json.dumps(results, default=str))
+    if args.json == "-":
+        print(json.dumps(sizes, default=str))
+
+
+def _write_json(path: Path, sizes: list[dict]) -> None:
+    """Replace ``path`` whole: a reader (or a killed run) never sees half a file."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(sizes, indent=1, default=str) + "\n")
+    partial.replace(path)
 
 
 if __name__ == "__main__":
