@@ -82,11 +82,12 @@ def test_a_history_written_in_chunks_keeps_its_shape(engine: Engine) -> None:
                 "ORDER BY email_event_id"
             )
         ).all()
-        delivery = dict(
-            connection.execute(text("SELECT message_id, delivery_status FROM email_messages"))
-            .tuples()
-            .all()
-        )
+        delivery = {
+            m: status
+            for m, status in connection.execute(
+                text("SELECT message_id, delivery_status FROM email_messages")
+            )
+        }
     assert len(events) == made.provider_events
     assert 4 < made.provider_events / 3000 < 6  # about five a message
     received = [_utc(e.received_at) for e in events]
