@@ -171,13 +171,19 @@ def _run(
         if on_step:
             on_step(results)
 
-    now = datetime.now(UTC)
-    _progress(f"{messages:,} messages: generating")
-    generated = _generate(url, messages, days, now)
+    ahead = _generated_ahead(url)
+    if ahead:
+        # Made earlier by --generate-only: time goes on from that history's end.
+        now, generated = datetime.fromisoformat(ahead["end"]), ahead["generated"]
+        _progress(f"{messages:,} messages: the history generated at {ahead['end']}")
+    else:
+        now = datetime.now(UTC)
+        _progress(f"{messages:,} messages: generating")
+        generated = _generate(url, messages, days, now)
     _analyze(url)
     record({"step": "generate (not timed work)", "seconds": generated["seconds"],
             "rows": generated["messages"] + generated["attempts"] + generated["provider_events"],
-            "peak_rss_mb": generated["peak_rss_mb"],
+            "peak_rss_mb": generated["peak_rss_mb"], "generated_ahead": bool(ahead),
             "source_mb": _source_mb(url)})  # fmt: skip
     record({"step": f"full build {messages:,}", **_measure(url, str(path), True)})
     for round_ in range(rounds):
@@ -189,6 +195,29 @@ def _run(
         record({"step": f"incremental +{increment:,} #{round_ + 1}", **step})
     record({"step": "re-run, nothing new", **_measure(url, str(path), False)})
     return results
+
+
+def generate_ahead(messages: int, days: float, workdir: Path) -> None:
+    """Generate a SQLite history into ``workdir`` for a later run to use (and consume): the
+    generation of ten million messages can then precede the code it measures."""
+    url = f"sqlite:///{workdir / f'history_{messages}.sqlite3'}"
+    end = datetime.now(UTC)
+    generated = _generate(url, messages, days, end)
+    record = {"end": end.isoformat(), "days": days, "generated": generated}
+    _sidecar(url).write_text(json.dumps(record))
+
+
+def _sidecar(url: str) -> Path:
+    return Path(url.removeprefix("sqlite:///") + ".generated.json")
+
+
+def _generated_ahead(url: str) -> dict | None:
+    """The record of a history generated ahead into this SQLite file, taken (renamed) so a
+    second run does not take the same, no longer pristine, history."""
+    if not url.startswith("sqlite:///") or not _sidecar(url).exists():
+        return None
+    taken = _sidecar(url).rename(_sidecar(url).with_suffix(".taken"))
+    return json.loads(taken.read_text())
 
 
 def _progress(line: str) -> None:
@@ -246,7 +275,8 @@ def _print(title: str, results: list[dict]) -> None:
     for r in results:
         if "timings" not in r:
             print(f"{r['step']:<28}{'':>9}{'':>9}{'':>8}{'':>7}{'':>7}{r['seconds']:>9.2f}"
-                  f"{r['rows']:>10,}")  # fmt: skip
+                  f"{r['rows']:>10,}{'':>8}{'':>9}{r.get('peak_rss_mb') or 0:>8.0f}"
+                  f"{r.get('source_mb') or 0:>9.0f}  source database")  # fmt: skip
             continue
         t = r["timings"]
         per_row = t["visible"] / r["loaded"] * 1e6 if r["loaded"] else 0
@@ -284,6 +314,12 @@ def main(argv: list[str] | None = None) -> None:
         "--phase", choices=["full", "incremental", "generate"], help=argparse.SUPPRESS
     )
     parser.add_argument("--end", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--generate-only",
+        action="store_true",
+        help="only generate SQLite histories into --workdir; a later run with the same "
+        "--workdir and --messages uses (and then deletes) them instead of generating",
+    )
     parser.add_argument("--database-url", help=argparse.SUPPRESS)
     parser.add_argument("--warehouse", help=argparse.SUPPRESS)
     parser.add_argument(
@@ -308,6 +344,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench_analytics_"))
     workdir.mkdir(parents=True, exist_ok=True)
+    if args.generate_only:
+        for messages in args.messages:
+            generate_ahead(messages, args.days, workdir)
+        return
     sizes: list[dict] = []
     late = "uniform late events" if args.late_uniform else "recent late events"
     for messages in args.messages or [100_000]:
