@@ -9,9 +9,11 @@ back: queued, sent, delivered or a bounce (hard or soft, sometimes after deliver
 machine opens (several per reader), clicks, complaints, unsubscribes, plus a few orphans that
 match no message.
 About five provider events per message with the defaults. Seeded, so runs are comparable.
-Rows are written with the database's own bulk path (sqlite3 ``executemany``; SQLAlchemy
-``insertmanyvalues`` for PostgreSQL), bypassing the send path: this measures the warehouse, not
-the sender.
+Messages are made and written a chunk at a time (100,000 by default), oldest first, so memory
+stays bounded at any size; provider events wait in numpy arrays until everything received
+before them is made, so their ids follow arrival. Rows are written with the database's own
+bulk path (``bench.history_rows``: sqlite3 ``executemany``, PostgreSQL ``COPY``), bypassing the
+send path: this measures the warehouse, not the sender.
 """
 
 import argparse
@@ -24,13 +26,23 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 from sqlalchemy import Engine, bindparam, event, func, select, update
 
+from bench.history_rows import (
+    EVENT_TYPES,
+    TYPE_CODE,
+    Ids,
+    Pending,
+    bulk_pragmas,
+    drop_indexes,
+    write_attempts,
+    write_events,
+    write_messages,
+)
 from email_platform.db.engine import make_engine, upgrade
 from email_platform.db.schema import (
     dead_letters,
     email_attempts,
     email_events,
     email_messages,
-    email_outbox,
 )
 from email_platform.webhooks.vocabulary import RANK, combine
 
@@ -81,79 +93,9 @@ class Generated:
     seconds: float = 0.0
 
 
-# Provider events wait in numpy arrays until every event received before them is made, so
-# ids follow arrival as they do in a live database; extras and types travel as small codes.
-EVENT_TYPES = np.array(
-    ["queued", "sent", "delivered", "bounced", "opened", "clicked", "complained", "unsubscribed"],
-    dtype=object,
-)
-TYPE_CODE = {name: code for code, name in enumerate(EVENT_TYPES.tolist())}
-# extra codes: 0 none, 1/2 hard/soft bounce, 3/4 machine/human open, 5 a click's url
-BOUNCE_OF = np.array([None, "hard", "soft", None, None, None], dtype=object)
-MACHINE_OF = np.array([None, None, None, True, False, None], dtype=object)
-CLICK_URL = "https://app.example.com/start"
-
-
-def _ts(values: np.ndarray, sqlite: bool) -> list:
-    """datetime64[us] -> text the database reads as that instant (UTC): SQLite gets
-    SQLAlchemy's own format; PostgreSQL's COPY parses ISO text in the session's UTC."""
-    text = np.datetime_as_string(values.astype("datetime64[us]"), unit="us")
-    if sqlite and text.size:
-        text.view(np.uint32).reshape(text.size, -1)[:, 10] = ord(" ")  # the "T"
-    out = text.astype(object)
-    out[np.isnat(values)] = None
-    return out.tolist()
-
-
 def _next_id(engine: Engine, column) -> int:  # type: ignore[no-untyped-def]
     with engine.connect() as connection:
         return (connection.execute(select(func.max(column))).scalar() or 0) + 1
-
-
-@dataclass
-class _Pending:
-    """Provider events made but not yet written (received after the next chunk begins)."""
-
-    message: np.ndarray
-    kind: np.ndarray  # TYPE_CODE
-    occurred: np.ndarray  # datetime64[us]
-    received: np.ndarray
-    extra: np.ndarray  # extra code
-    event_id: np.ndarray  # S26, empty for orphans
-
-    @classmethod
-    def empty(cls) -> "_Pending":
-        return cls(
-            np.array([], np.int64), np.array([], np.int8), np.array([], "datetime64[us]"),
-            np.array([], "datetime64[us]"), np.array([], np.int8), np.array([], "S26"),
-        )  # fmt: skip
-
-    def add(self, other: "_Pending") -> "_Pending":
-        # Stable on received: what was made first stays first among equals, as in one pass.
-        merged = [np.concatenate([a, b]) for a, b in zip(self.parts(), other.parts(), strict=True)]
-        order = np.argsort(merged[3], kind="stable")
-        return _Pending(*(a[order] for a in merged))
-
-    def parts(self) -> tuple[np.ndarray, ...]:
-        return (self.message, self.kind, self.occurred, self.received, self.extra, self.event_id)
-
-    def split(self, until: np.datetime64 | None) -> tuple["_Pending", "_Pending"]:
-        """(received by ``until``, the rest); all of it when ``until`` is None."""
-        cut = (
-            self.received.size
-            if until is None
-            else int(np.searchsorted(self.received, until, "right"))
-        )
-        return _Pending(*(a[:cut] for a in self.parts())), _Pending(
-            *(a[cut:] for a in self.parts())
-        )
-
-
-@dataclass
-class _Counters:
-    attempt: int
-    event_row: int
-    dead: int
 
 
 def generate(
@@ -191,12 +133,12 @@ def generate(
     started = time.perf_counter()
     engine = make_engine(database) if isinstance(database, str) else database
     if isinstance(database, str) and engine.dialect.name == "sqlite":
-        event.listen(engine, "connect", _bulk_pragmas)
+        event.listen(engine, "connect", bulk_pragmas)
     upgrade(engine)
     rates = rates or Rates()
     end = (end or datetime.now(UTC)).astimezone(UTC).replace(tzinfo=None)
     first_message = _next_id(engine, email_messages.c.message_id)
-    counters = _Counters(
+    next_ids = Ids(
         _next_id(engine, email_attempts.c.attempt_id),
         _next_id(engine, email_events.c.email_event_id),
         _next_id(engine, dead_letters.c.dead_letter_id),
@@ -204,8 +146,8 @@ def generate(
     result = Generated(messages=messages)
     # Into empty tables, many chunks: indexes built once at the end sort instead of inserting
     # row by row into ever bigger B-trees.
-    dropped = _drop_indexes(engine) if first_message == 1 and messages > chunk else []
-    pending = _Pending.empty()
+    dropped = drop_indexes(engine) if first_message == 1 and messages > chunk else []
+    pending = Pending.empty()
     end64 = np.datetime64(end, "us")
     span_us = days * 86_400e6
     bounds = (list(range(0, messages, max(chunk, 1))) or [0]) + [messages]
@@ -218,7 +160,7 @@ def generate(
         window_end = end64 - np.int64(span_us * (messages - b) / whole) * US
         made = _chunk(
             engine, rng, ulid_rng, rates, first_message, first_message + a, b - a,
-            window_end, days * (b - a) / whole, end64, counters, result,
+            window_end, days * (b - a) / whole, end64, next_ids, result,
             late=(late_events_for_existing if last else 0), steady_state=steady_state and last,
             late_recency_days=late_recency_days, days=days,
         )  # fmt: skip
@@ -226,7 +168,7 @@ def generate(
         pending = pending.add(made)
         ready, pending = pending.split(None if last else window_end)
         with engine.begin() as connection:
-            _write_events(connection, ready, counters, result)
+            result.provider_events += write_events(connection, ready, next_ids, DOMAINS)
         if progress:
             progress(b, messages)
     if dropped:
@@ -240,46 +182,6 @@ def generate(
 
 
 US = np.timedelta64(1, "us")
-BULK_TABLES = ("email_outbox", "email_messages", "email_attempts", "dead_letters", "email_events")
-
-
-def _drop_indexes(engine: Engine) -> list[str]:
-    """Drop the secondary indexes of the tables written here and return the statements that
-    make them again as the migrations made them (constraints' own indexes stay)."""
-    tables = ", ".join(f"'{t}'" for t in BULK_TABLES)
-    if engine.dialect.name == "sqlite":
-        query = (
-            "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL "
-            f"AND tbl_name IN ({tables})"
-        )
-    else:
-        query = (
-            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema() "
-            f"AND tablename IN ({tables}) AND indexname NOT IN (SELECT conname FROM pg_constraint)"
-        )
-    with engine.begin() as connection:
-        found = connection.exec_driver_sql(query).all()
-        for name, _ in found:
-            connection.exec_driver_sql(f'DROP INDEX "{name}"')
-    return [ddl for _, ddl in found]
-
-
-def _bulk_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
-    """SQLite settings for a bulk load into a database this generator opened: no fsync per
-    chunk (a crash loses a bench history, nothing else), a page cache that holds the growing
-    indexes' hot pages (the default 2 MB thrashes past a million rows), sorts for the indexes
-    made at the end spilling to temporary files (in memory they would hold a whole index),
-    on two threads, and no foreign-key lookups (the rows are consistent by construction)."""
-    cursor = dbapi_connection.cursor()
-    for pragma in (
-        "synchronous=OFF",
-        "cache_size=-1048576",
-        "temp_store=FILE",
-        "threads=2",
-        "foreign_keys=OFF",
-    ):
-        cursor.execute(f"PRAGMA {pragma}")
-    cursor.close()
 
 
 def _chunk(
@@ -293,14 +195,14 @@ def _chunk(
     window_end: np.datetime64,
     window_days: float,
     end64: np.datetime64,
-    counters: _Counters,
+    next_ids: Ids,
     result: Generated,
     *,
     late: int,
     steady_state: bool,
     late_recency_days: float | None,
     days: float,
-) -> _Pending:
+) -> Pending:
     """Make ``n`` messages occurring in the ``window_days`` before ``window_end``, write them
     (outbox, messages, attempts, dead letters), and return their provider events (plus the
     late ones for older messages) for the caller to write in arrival order."""
@@ -436,14 +338,17 @@ def _chunk(
     with engine.begin() as connection:
         if not sqlite:
             connection.exec_driver_sql("SET LOCAL TIME ZONE 'UTC'")
-        _write_messages(
-            connection, sqlite, ids, ulids, occurred, published, template_index, domain, status,
-            tried, sent, attempts_n, created, updated, accepted, delivery_status, status_at,
+        write_messages(
+            connection, sqlite, TEMPLATES, ids, ulids, occurred, published, template_index,
+            domain, status, tried, sent, attempts_n, created, updated, accepted,
+            delivery_status, status_at,
         )  # fmt: skip
-        _write_attempts(
+        attempts, dead = write_attempts(
             connection, sqlite, ids, ulids, LANE_OF[template_index], tried, sent, attempts_n,
-            first_attempt_at, accepted, counters, result,
+            first_attempt_at, accepted, next_ids,
         )  # fmt: skip
+        result.attempts += attempts
+        result.dead_letters += dead
         if raised:
             connection.execute(
                 update(email_messages)
@@ -451,162 +356,11 @@ def _chunk(
                 .values(delivery_status=bindparam("s"), delivery_updated_at=bindparam("at")),
                 raised,
             )
-    return _Pending(ev_m, ev_t, ev_at, received, ev_x, ev_ulid)
+    return Pending(ev_m, ev_t, ev_at, received, ev_x, ev_ulid)
 
 
 LANE_OF = np.array([t[2] for t in TEMPLATES], dtype=object)
 RANKS = np.array([RANK[t] for t in EVENT_TYPES.tolist()], dtype=np.int64)
-
-
-def _write_messages(connection, sqlite: bool, ids, ulids, occurred, published, template_index,  # type: ignore[no-untyped-def]
-                    domain, status, tried, sent, attempts_n, created, updated, accepted,
-                    delivery_status, status_at) -> None:  # fmt: skip
-    n = ids.size
-    event_ids = ulids.astype(str).tolist()
-    template = np.array([t[0] for t in TEMPLATES], dtype=object)[template_index].tolist()
-    etype = np.array([t[1] for t in TEMPLATES], dtype=object)[template_index]
-    lane = np.array([t[2] for t in TEMPLATES], dtype=object)[template_index].tolist()
-    ids_l, domain_l, status_l = ids.tolist(), domain.tolist(), status.tolist()
-    published_s, updated_s = _ts(published, sqlite), _ts(updated, sqlite)
-    repeat = itertools.repeat
-    _copy(connection, sqlite, email_outbox, {
-        "event_id": event_ids,
-        "event_type": etype.tolist(),
-        "event_version": np.where(etype == "user.signed_up", 2, 1).tolist(),
-        "aggregate_id": [f"agg_{i}" for i in ids_l],
-        "occurred_at": _ts(occurred, sqlite),
-        "published_at": published_s,
-        "payload": repeat("{}", n),
-        "event_metadata": repeat("{}", n),
-        "lane": lane,
-        "available_at": published_s,
-        "status": np.where(status == "dead", "dead", "done").tolist(),
-        "resolution": status_l,
-        "claim_count": repeat(1, n),
-        "request_count": repeat(1, n),
-        "done_at": updated_s,
-    })  # fmt: skip
-    _copy(connection, sqlite, email_messages, {
-        "message_id": ids_l,
-        "event_id": event_ids,
-        "route": template,
-        "template": template,
-        "template_version": repeat(1, n),
-        "lane": lane,
-        "recipient": [f"user{i}@{d}" for i, d in zip(ids_l, domain_l, strict=True)],
-        "recipient_domain": domain_l,
-        "idempotency_key": [f"{e}:{t}" for e, t in zip(event_ids, template, strict=True)],
-        "status": status_l,
-        "attempts": attempts_n.tolist(),
-        "provider": np.where(tried, "sandbox", None).tolist(),
-        "provider_message_id": [
-            f"sbx_{i}" if s else None for i, s in zip(ids_l, sent.tolist(), strict=True)
-        ],
-        "created_at": _ts(created, sqlite),
-        "updated_at": updated_s,
-        "sent_at": _ts(np.where(sent, accepted, np.datetime64("NaT")), sqlite),
-        "delivery_status": delivery_status.tolist(),
-        "delivery_updated_at": _ts(status_at, sqlite),
-    })  # fmt: skip
-
-
-def _write_attempts(  # type: ignore[no-untyped-def]
-    connection, sqlite: bool, ids, ulids, lane, tried, sent, attempts_n, first_attempt_at,
-    accepted, counters: _Counters, result: Generated,
-) -> None:  # fmt: skip
-    """Every attempt of every tried message, in message order (then attempt number), and a
-    dead letter per dead message; ids continue the call's."""
-    tried_at = np.flatnonzero(tried)
-    per = attempts_n[tried_at]
-    of = np.repeat(tried_at, per)
-    number = np.arange(of.size) - np.repeat(np.cumsum(per) - per, per)
-    last = number == attempts_n[of] - 1
-    won = last & sent[of]
-    outcome = np.where(won, "accepted", np.where(last, "permanent", "transient"))
-    started = _ts(first_attempt_at[of], sqlite)
-    finished = _ts(np.where(won, accepted[of], first_attempt_at[of]), sqlite)
-    first = counters.attempt + result.attempts
-    message_ids = ids[of].tolist()
-    run_ids = [f"run_{m // 100}" for m in message_ids]
-    _copy(connection, sqlite, email_attempts, {
-        "attempt_id": range(first, first + of.size),
-        "message_id": message_ids,
-        "event_id": ulids[of].astype(str).tolist(),
-        "run_id": run_ids,
-        "attempt_no": (number + 1).tolist(),
-        "started_at": started,
-        "finished_at": finished,
-        "outcome": outcome.tolist(),
-        "http_status": np.where(won, 200, np.where(last, 422, 503)).tolist(),
-    })  # fmt: skip
-    result.attempts += of.size
-    dead = np.flatnonzero(~sent & tried)
-    k = np.arange(result.dead_letters, result.dead_letters + dead.size)
-    created = _ts(accepted[dead], sqlite)
-    discarded = k % 4 == 0
-    _copy(connection, sqlite, dead_letters, {
-        "dead_letter_id": (counters.dead + k).tolist(),
-        "event_id": ulids[dead].astype(str).tolist(),
-        "message_id": ids[dead].tolist(),
-        "lane": lane[dead].tolist(),
-        "reason": REASONS[k % 3].tolist(),
-        "attempts": attempts_n[dead].tolist(),
-        "run_id": [f"run_{m // 100}" for m in ids[dead].tolist()],
-        "status": np.where(discarded, "discarded", "open").tolist(),
-        "created_at": created,
-        "resolved_at": np.where(discarded, np.array(created, dtype=object), None).tolist(),
-    })  # fmt: skip
-    result.dead_letters += dead.size
-
-
-REASONS = np.array(["provider_rejected", "retries_exhausted", "template_error"], dtype=object)
-
-
-def _write_events(connection, ready: _Pending, counters: _Counters, result: Generated) -> None:  # type: ignore[no-untyped-def]
-    """Provider event rows, ids in the order given (arrival order)."""
-    sqlite = connection.dialect.name == "sqlite"
-    if not sqlite:
-        connection.exec_driver_sql("SET LOCAL TIME ZONE 'UTC'")
-    n = ready.message.size
-    first = counters.event_row + result.provider_events
-    m = ready.message.tolist()
-    lost = ready.event_id == b""
-    event_ids = ready.event_id.astype(str).astype(object)
-    event_ids[lost] = None
-    message_ids = ready.message.astype(object)
-    message_ids[lost] = None
-    kind = EVENT_TYPES[ready.kind]
-    _copy(connection, sqlite, email_events, {
-        "email_event_id": range(first, first + n),
-        "provider": itertools.repeat("sandbox", n),
-        "provider_event_id": [f"evt_{i:012d}" for i in range(first, first + n)],
-        "event_type": kind.tolist(),
-        "occurred_at": _ts(ready.occurred, sqlite),
-        "received_at": _ts(ready.received, sqlite),
-        "event_id": event_ids.tolist(),
-        "message_id": message_ids.tolist(),
-        "provider_message_id": [f"sbx_{i}" for i in m],
-        "recipient_domain": np.array(DOMAINS, dtype=object)[ready.message % len(DOMAINS)].tolist(),
-        "bounce_type": BOUNCE_OF[ready.extra].tolist(),
-        "click_url": np.where(kind == "clicked", CLICK_URL, None).tolist(),
-        "machine_open": MACHINE_OF[ready.extra].tolist(),
-    })  # fmt: skip
-    result.provider_events += n
-
-
-def _copy(connection, sqlite: bool, table, columns: dict) -> None:  # type: ignore[no-untyped-def]
-    """Rows given by column, through the driver's bulk path: sqlite3 ``executemany``,
-    PostgreSQL ``COPY`` (both take pre-formatted values, several times SQLAlchemy's binds)."""
-    names = ", ".join(columns)
-    rows = zip(*columns.values(), strict=False)
-    raw = connection.connection.driver_connection
-    if sqlite:
-        marks = ", ".join("?" for _ in columns)
-        raw.executemany(f"INSERT INTO {table.name} ({names}) VALUES ({marks})", rows)
-        return
-    with raw.cursor() as cursor, cursor.copy(f"COPY {table.name} ({names}) FROM STDIN") as copy:
-        for row in rows:
-            copy.write_row(row)
 
 
 CROCKFORD = np.frombuffer(b"0123456789ABCDEFGHJKMNPQRSTVWXYZ", dtype=np.uint8)

@@ -7,7 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine, inspect, text
 
-from bench.generate import BULK_TABLES, generate
+from bench.generate import generate
+from bench.history_rows import BULK_TABLES
 from email_platform.webhooks.vocabulary import combine
 
 END = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
