@@ -33,6 +33,7 @@ from bench.history_rows import (
     Pending,
     bulk_pragmas,
     drop_indexes,
+    make_indexes,
     write_attempts,
     write_events,
     write_messages,
@@ -172,9 +173,7 @@ def generate(
         if progress:
             progress(b, messages)
     if dropped:
-        with engine.begin() as connection:
-            for ddl in dropped:
-                connection.exec_driver_sql(ddl)
+        make_indexes(engine, dropped)
     if isinstance(database, str):
         engine.dispose()
     result.seconds = time.perf_counter() - started
