@@ -215,12 +215,12 @@ def _mailer() -> Any:
 
 @cache
 def _provider() -> Any:
-    from email_platform.providers.sandbox import SandboxProvider
+    from bench.providers import open_bench_provider
 
-    return SandboxProvider(
+    return open_bench_provider(
+        os.environ.get("BENCH_PROVIDER", "sandbox"),
         os.environ["BENCH_SANDBOX_URL"],
         max_connections=max(1, _env_config().concurrency),
-        timeout_s=30,
         batch_max=_provider_batch(),
     )
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from sqlalchemy import Engine, Row, insert, select
 
+from bench.providers import PROVIDERS, open_bench_provider
 from email_platform.common.errors import TransientError
 from email_platform.common.timeutil import utcnow
 from email_platform.db.engine import make_engine
@@ -179,14 +180,15 @@ def run(
     in_flight: int,
     provider_batch: int,
     client: str = "loop",
+    provider_name: str = "sandbox",
 ) -> None:
     """Send until SIGTERM, keeping up to ``in_flight`` provider calls going: from tasks on one
     event loop (``client="loop"``, the adapter's async path, as the lane workers send) or from
     as many threads (``"threads"``)."""
     engine = make_engine(database_url)
     mailer = Mailer(engine)
-    provider = SandboxProvider(
-        sandbox_url, max_connections=in_flight, timeout_s=30, batch_max=provider_batch
+    provider = open_bench_provider(
+        provider_name, sandbox_url, batch_max=provider_batch, max_connections=in_flight
     )
     if client not in ("loop", "threads"):
         raise ValueError(f"client {client!r}: say loop or threads")
@@ -290,6 +292,7 @@ def main() -> None:
         default="loop",
         help="calls in flight from tasks on one event loop (the lane workers' way) or threads",
     )
+    parser.add_argument("--provider", choices=PROVIDERS, default="sandbox")
     args = parser.parse_args()
     run(
         args.database_url,
@@ -298,6 +301,7 @@ def main() -> None:
         args.in_flight,
         args.provider_batch,
         args.client,
+        args.provider,
     )
 
 

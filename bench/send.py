@@ -44,6 +44,7 @@ from sqlalchemy import select
 
 from bench.baseline_celery import CeleryConfig
 from bench.harness import in_process
+from bench.providers import PROVIDERS
 from bench.systems import Result, Settings, run_ceiling, run_celery, run_dagster
 from email_platform.db.schema import email_outbox
 
@@ -299,6 +300,8 @@ def _report(
             "ceiling_in_flight": args.ceiling_in_flight or args.bulk_runs * args.concurrency,
             "ceiling_client": args.ceiling_client,
             "lane_overrides": args.lanes,
+            "provider": args.provider,
+            "rate_limit_per_s": args.rate_limit or None,
             "celery_instant": args.celery_instant,
             "celery_latency": args.celery_latency,
             "systems": systems,
@@ -340,6 +343,8 @@ def compare(args: argparse.Namespace) -> int:
                 ceiling_in_flight=args.ceiling_in_flight,
                 ceiling_client=args.ceiling_client,
                 lane_overrides=args.lanes,
+                provider=args.provider,
+                rate_limit_per_s=args.rate_limit,
             )
             results = _run_setting(args, settings, systems)
             summary = _summarize(latency_ms, provider_batch, results)
@@ -537,6 +542,19 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=0,
         help="events for the one-run-per-email mode, run once (e.g. 20; 0 skips it)",
+    )
+    parser.add_argument(
+        "--provider",
+        choices=PROVIDERS,
+        default="sandbox",
+        help="the adapter every system sends through: the sandbox's API, or postmark-stub (the "
+        "Postmark adapter against the sandbox speaking Postmark's /email and /email/batch)",
+    )
+    parser.add_argument(
+        "--rate-limit",
+        type=float,
+        default=0.0,
+        help="the Dagster system's shared send rate, messages a second (0: none)",
     )
     parser.add_argument("--timeout-s", type=float, default=1800)
     parser.add_argument("--json", help="also write the figures to this file")

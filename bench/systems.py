@@ -32,6 +32,7 @@ from bench.harness import (
     wait_first_sent,
 )
 from bench.measure import ProcessSampler, dagster_storage, measure_app_db, postgres_server_pid
+from bench.providers import dagster_env
 from bench.workload import CriticalTrickle, publish_backlog
 from email_platform.common.lanes import LANES
 from email_platform.db.schema import lane_workers
@@ -65,6 +66,10 @@ class Settings:
     #: Lane settings laid over the bench's own for the Dagster system (``--lanes``), e.g.
     #: ``{"critical": {"batches_in_flight": 1}}``.
     lane_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The adapter every system sends through (``bench.providers``).
+    provider: str = "sandbox"
+    #: The Dagster system's shared send rate (0: none; Celery and the ceiling have none).
+    rate_limit_per_s: float = 0.0
 
     @property
     def dagster_in_flight(self) -> int:
@@ -256,9 +261,12 @@ def run_dagster(
         env = {
             "EMAIL_PLATFORM_HOME": str(work),
             "EMAIL_PLATFORM_DATABASE_URL": app_url,
-            "EMAIL_PLATFORM_PROVIDER": "sandbox",
-            "EMAIL_PLATFORM_SANDBOX_BASE_URL": sandbox_url,
-            "EMAIL_PLATFORM_SANDBOX_BATCH_MAX": str(settings.provider_batch),
+            **dagster_env(
+                settings.provider,
+                sandbox_url,
+                batch_max=settings.provider_batch,
+                rate_limit_per_s=settings.rate_limit_per_s,
+            ),
             "EMAIL_PLATFORM_LANES": json.dumps(lanes),
         }
         daemon = DaemonProcess(home, env).start()
@@ -346,6 +354,8 @@ def run_ceiling(settings: Settings) -> Result:
                 str(settings.provider_batch),
                 "--client",
                 settings.ceiling_client,
+                "--provider",
+                settings.provider,
             ],
             {},
             work / "ceiling.log",
@@ -379,6 +389,7 @@ def run_celery(settings: Settings, config: CeleryConfig) -> Result:
             "BENCH_CELERY_POOL": config.pool,
             "BENCH_CONCURRENCY": str(config.concurrency),
             "BENCH_PROVIDER_BATCH": str(settings.provider_batch),
+            "BENCH_PROVIDER": settings.provider,
             "BENCH_BATCH_SIZE": str(settings.batch_size),
         }
         workers: list[subprocess.Popen] = []

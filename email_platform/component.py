@@ -80,6 +80,8 @@ class LaneSettings(dg.Resolvable, dg.Model):
     target_s: float | None = None
     nice: int | None = None
     batches_in_flight: int | None = None
+    rate_limit_per_s: float | None = None
+    rate_reserved_share: float | None = None
 
 
 class ScaffoldParams(dg.Model):

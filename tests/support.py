@@ -281,3 +281,19 @@ def report_failed_and_release(instance: DagsterInstance, run, database_url: str)
         resources={"email_database": AppDatabase(url=database_url)},
     ) as context:
         email_run_failure_sensor(context)
+
+
+def as_loaded(table: str) -> str:
+    """A table's rows, sorted, with the columns a full load stores once on the message
+    (``Source.as_message``: NULL where equal to the message's) put back, as the stg_* views
+    do: an incremental load stores them as they come."""
+    from email_platform.warehouse import SOURCES
+
+    source = next((s for s in SOURCES if s.raw_table == table), None)
+    if source is None or not source.as_message:
+        return f"SELECT * FROM {table} ORDER BY ALL"
+    resolved = ", ".join(f"coalesce(r.{c}, m.{c}) AS {c}" for c in source.as_message)
+    return (
+        f"SELECT r.* REPLACE ({resolved}) FROM {table} AS r "
+        "LEFT JOIN raw_email_messages AS m ON m.message_id = r.message_id ORDER BY ALL"
+    )

@@ -92,6 +92,7 @@ def analytics_warehouse(
         email_warehouse.resolved_path(),
         full=context.run.tags.get(FULL_TAG) == "true",
         lookback_s=email_warehouse.lookback_s,
+        memory_limit=email_warehouse.resolved_memory_limit(),
     )
     context.log.info(
         f"loaded {summary.total_loaded} rows ({summary.rows_loaded}); rebuilt "

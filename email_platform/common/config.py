@@ -6,6 +6,7 @@ another database or provider by setting the environment before calling in.
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +86,23 @@ def analytics_refresh_s(env: Mapping[str, str] | None = None) -> float:
     if not (value > 0 and math.isfinite(value)):
         raise ValueError(f"{PREFIX}ANALYTICS_REFRESH_S must be a positive number, got {raw!r}")
     return value
+
+
+_MEMORY = re.compile(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORECASE)
+
+
+def warehouse_memory(env: Mapping[str, str] | None = None) -> str:
+    """The most memory DuckDB may use in a warehouse refresh ("2GB"; a full build needs it);
+    it spills to a temporary directory next to the file beyond it."""
+    raw = _env(env).get(PREFIX + "WAREHOUSE_MEMORY", "2GB").strip()
+    return checked_memory(raw, PREFIX + "WAREHOUSE_MEMORY")
+
+
+def checked_memory(value: str, name: str) -> str:
+    """``value`` if it is a DuckDB memory size (a number and a unit: 2GB, 512MiB)."""
+    if not _MEMORY.fullmatch(value.strip()):
+        raise ValueError(f"{name} must be a size such as 2GB or 512MiB, got {value!r}")
+    return value.strip()
 
 
 def webhook_max_body_bytes(env: Mapping[str, str] | None = None) -> int:

@@ -71,6 +71,12 @@ class LaneConfig:
     #: batches queued behind each other. A big batch gains nothing from more (it already keeps
     #: ``concurrency`` calls in flight).
     batches_in_flight: int = 1
+    #: Most messages a second the lane sends, over every worker and run of it (0: no cap of
+    #: its own). Shared through the database like the provider's rate (docs/rate-limits.md).
+    rate_limit_per_s: float = 0.0
+    #: Share of the provider's rate (``EMAIL_PLATFORM_PROVIDER_RATE_LIMIT_PER_S``) that only
+    #: this lane may use; the other lanes draw from the rest. Nothing without a provider rate.
+    rate_reserved_share: float = 0.0
 
     @property
     def calls_in_flight(self) -> int:
@@ -103,6 +109,8 @@ DEFAULT_LANE_CONFIGS: dict[Lane, LaneConfig] = {
         # flight lengthened the tail instead: bench/README.md).
         batches_in_flight=2,
         target_s=30.0,
+        # With a provider rate set, a bulk backlog cannot take the rate password resets need.
+        rate_reserved_share=0.1,
     ),
     Lane.TRANSACTIONAL: LaneConfig(
         lane=Lane.TRANSACTIONAL,

@@ -5,6 +5,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Double,
     Float,
     ForeignKey,
     Index,
@@ -318,4 +319,16 @@ provider_circuits = Table(
     Column("changed_at", DateTime(timezone=True), nullable=False),
     # When the circuit last opened (kept while it probes, cleared when it closes).
     Column("opened_at", DateTime(timezone=True)),
+)
+
+# One row per rate bucket (``<provider>``, ``<provider>:reserved:<lane>``,
+# ``<provider>:lane:<lane>``): the next send slot not yet handed out, in epoch seconds, and
+# until when a provider's 429 holds every sender (``store.provider_rates``). Rates themselves
+# are settings, not rows: each sender brings its own.
+provider_rates = Table(
+    "provider_rates",
+    metadata,
+    Column("bucket", String(100), primary_key=True),
+    Column("next_slot", Double, nullable=False),
+    Column("held_until", Double, nullable=False, server_default="0"),
 )

@@ -241,7 +241,9 @@ def _run_worker(
     engine = email_database.get_engine()
     run = context.run
     if run.parent_run_id is not None:
-        return _replay_dead_letters(context, lane, email_database, email_provider, email_routing)
+        return _replay_dead_letters(
+            context, lane, email_database, email_provider, email_routing, email_lanes
+        )
 
     lower_priority(lane.nice)
     settle_heap()
@@ -253,8 +255,18 @@ def _run_worker(
     )
     cancel = threading.Event()
     reporter = WorkerReporter(context, lane.lane.value)
+    sender = None
     try:
-        sender = make_sender(context, lane, engine, provider, email_provider, email_routing, cancel)
+        sender = make_sender(
+            context,
+            lane,
+            engine,
+            provider,
+            email_provider,
+            email_routing,
+            cancel,
+            lanes=email_lanes,
+        )
         stopping = stop_check(
             context.instance,
             lane.lane.value,
@@ -276,6 +288,8 @@ def _run_worker(
         with interrupts_set(cancel), watch:
             result = worker.run()
     finally:
+        if sender is not None:
+            sender.close()
         provider.close()
         mirror.close(forget_rows=True)  # the worker's breaker ends with it
     reporter.flush(result.totals)
@@ -329,6 +343,7 @@ def _replay_dead_letters(
     app_database: AppDatabase,
     email_provider: EmailProviderResource,
     routing: RoutingResource,
+    lanes: LanePolicy,
 ) -> dict:
     """Re-execution of a worker run: send its open dead letters again, as a batch run would."""
     run = context.run
@@ -347,4 +362,5 @@ def _replay_dead_letters(
         app_database=app_database,
         email_provider=email_provider,
         routing=routing,
+        lanes=lanes,
     )

@@ -40,6 +40,7 @@ def send_email_batch(
                 app_database=email_database,
                 email_provider=email_provider,
                 routing=email_routing,
+                lanes=email_lanes,
             )
     except Failure as failure:
         # Raised on purpose (dead letters held): its description and metadata say it all, so

@@ -15,9 +15,15 @@ from email_platform.common.lanes import LaneConfig
 from email_platform.observability import logs
 from email_platform.ops.reporting import observe_sends, run_metadata, tag_dead_letters
 from email_platform.providers.base import EmailProvider
-from email_platform.resources import AppDatabase, EmailProviderResource, RoutingResource
+from email_platform.resources import (
+    AppDatabase,
+    EmailProviderResource,
+    LanePolicy,
+    RoutingResource,
+)
 from email_platform.sending.batch import BatchSender, build_sender
 from email_platform.sending.retry import retry_wait_s
+from email_platform.sending.shared_rate import SharedRateLimiter
 from email_platform.store import circuits, dead_letters
 
 
@@ -29,6 +35,7 @@ def send_batch(
     app_database: AppDatabase,
     email_provider: EmailProviderResource,
     routing: RoutingResource,
+    lanes: LanePolicy | None = None,
 ) -> dict:
     """One attempt of a batch: send, then retry (RetryRequested) or fail on dead letters."""
     engine = app_database.get_engine()
@@ -37,7 +44,7 @@ def send_batch(
     is_reexecution = run.parent_run_id is not None
     previous_owners = [r for r in (run.parent_run_id, run.root_run_id) if r]
     provider, mirror = open_provider(context, email_provider, engine, lane, log)
-    sender = make_sender(context, lane, engine, provider, email_provider, routing)
+    sender = make_sender(context, lane, engine, provider, email_provider, routing, lanes=lanes)
     outcome = None
     try:
         outcome = sender.run(
@@ -47,6 +54,7 @@ def send_batch(
             replay=is_reexecution,
         )
     finally:
+        sender.close()
         provider.close()
         # The breaker outlives an attempt that will be retried (the resource keeps it for the
         # run): its row stays until the run's last attempt.
@@ -102,7 +110,13 @@ def make_sender(
     email_provider: EmailProviderResource,
     routing: RoutingResource,
     cancel: threading.Event | None = None,
+    *,
+    lanes: LanePolicy | None = None,
 ) -> BatchSender:
+    """The step's sender; with a provider or lane rate set, its sends take their slots from the
+    rate every worker of the provider shares (``sending.shared_rate``)."""
+    settings = email_provider.settings()
+    plan = (lanes or LanePolicy()).rate_plan(settings.name, settings.rate_limit_per_s, lane)
     return build_sender(
         engine=engine,
         provider=provider,
@@ -110,9 +124,10 @@ def make_sender(
         routes=routing.route_table(),
         resolver=routing.resolver(engine),
         lane=lane,
-        sender_address=email_provider.settings().sender,
+        sender_address=settings.sender,
         log=logs.bind(context.log, lane=lane.lane.value, run_id=context.run_id),
         cancel=cancel,
+        rate_limiter=SharedRateLimiter(engine, plan) if plan is not None else None,
     )
 
 

@@ -9,7 +9,8 @@ from email.utils import parseaddr
 from typing import Protocol, runtime_checkable
 from urllib.parse import quote
 
-from email_platform.common.errors import DeliveryError, PermanentError
+from email_platform.common.config import ProviderSettings
+from email_platform.common.errors import ConfigurationError, DeliveryError, PermanentError
 from email_platform.mail.addressing import Attachment
 from email_platform.mail.headers import unsafe_header_reason
 from email_platform.mail.provider_templates import ProviderTemplateCall
@@ -116,7 +117,9 @@ class BatchingProvider(Protocol):
     """A provider that can also take several messages in one call (``batch_max`` > 1).
 
     ``send_many`` returns one result per message, in order, and never raises for a message's
-    failure: a failure of the whole call (network, timeout, non-2xx) is every message's result.
+    failure: a failure of the whole call (network, timeout, non-2xx) is every message's result,
+    but for a request refused whole as invalid (400, 413, 422), which one message may have
+    caused: that it raises, and the dispatcher sends the messages one a call.
     Only adapters whose provider honours a per-message idempotency key inside a batch batch:
     a retried call must not send what the lost answer had already accepted.
     """
@@ -156,6 +159,24 @@ class HistoryAwareProvider(Protocol):
         ...
 
 
+def batch_max_option(settings: ProviderSettings, provider: str) -> int:
+    """``EMAIL_PLATFORM_<PROVIDER>_BATCH_MAX``: messages one call carries (unset: 1, no batch)."""
+    raw = settings.option("batch_max", "1") or "1"
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigurationError(
+            f"EMAIL_PLATFORM_{provider}_BATCH_MAX must be a whole number, got {raw!r}"
+        ) from None
+
+
+def batch_limit(provider: str, batch_max: int, limit: int) -> int:
+    """``batch_max`` if the provider takes that many a call (1 to ``limit``)."""
+    if type(batch_max) is not int or not 1 <= batch_max <= limit:
+        raise ConfigurationError(f"{provider} batch_max must be 1 to {limit}, got {batch_max!r}")
+    return batch_max
+
+
 class RateLimiter:
     """Token bucket shared by the concurrent sends of one run (0 = unlimited)."""
 
@@ -180,6 +201,10 @@ class RateLimiter:
             slot = max(self._next_slot, now)
             self._next_slot = slot + count / self.per_second
         return slot - now
+
+    async def reserve_async(self, count: int = 1) -> float:
+        """``reserve`` for an event loop (a shared limiter may need the database for it)."""
+        return self.reserve(count)
 
 
 #: Visible ASCII but ``%``: what a key keeps as it is in an ``Idempotency-Key`` header.

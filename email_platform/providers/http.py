@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from email_platform.common.classify import classify_exception, classify_response
-from email_platform.common.errors import DeliveryError, TransientError
+from email_platform.common.errors import DeliveryError, PermanentError, TransientError
 from email_platform.providers.async_http import OriginPool, checked, encode
 from email_platform.providers.base import Accepted, OutgoingEmail, RateLimiter, header_problem
 
@@ -146,7 +146,7 @@ class HttpProvider:
     async def send_async(self, email: OutgoingEmail) -> Accepted:
         """``send`` on the running event loop: the same request, checks and answers."""
         request = self._request_for(email)
-        await _wait(self.limiter.reserve())
+        await _wait(await self.limiter.reserve_async())
         return self._answer(await self._call_async(request))
 
     def send_many(self, emails: Sequence[OutgoingEmail]) -> list[Accepted | DeliveryError]:
@@ -179,7 +179,7 @@ class HttpProvider:
             sent = iter(await self.send_many_async(sendable) if sendable else [])
             return [problem or next(sent) for problem in problems]
         request = self.build_batch_request(emails)
-        await _wait(self.limiter.reserve(len(emails)))
+        await _wait(await self.limiter.reserve_async(len(emails)))
         try:
             response = await self._call_async(request)
         except DeliveryError as error:
@@ -209,7 +209,13 @@ class HttpProvider:
         self, response: httpx.Response, emails: Sequence[OutgoingEmail]
     ) -> list[Accepted | DeliveryError]:
         if not 200 <= response.status_code < 300:
-            return [self.classify(response)] * len(emails)
+            error = self.classify(response)
+            refused_whole = response.status_code in (400, 413, 422) and len(emails) > 1
+            if refused_whole and isinstance(error, PermanentError):
+                # Maybe one message's fault: raised, the dispatcher sends them one a call, so
+                # only that one fails (invariant 9).
+                raise error
+            return [error] * len(emails)
         try:
             results = self.batch_results(response, emails)
         except (ValueError, KeyError, TypeError):

@@ -19,12 +19,22 @@ the dead letter; 429 (rate limit), 5xx and ErrorCode 100 (maintenance) are trans
 ``Retry-After`` honoured when the answer carries one (Postmark documents no rate-limit reset
 header).
 
+**Batches** (``EMAIL_PLATFORM_POSTMARK_BATCH_MAX`` > 1, at most 500; default 1: one message
+a call): ``POST /email/batch`` takes a JSON array of the bodies above, and
+``/email/batchWithTemplates`` takes ``{"Messages": [...]}`` of ``/email/withTemplate`` bodies.
+Each entry is built by ``build_request``, so its Metadata (event id, idempotency key) and
+stream are the single send's. The answer is 200 with one ``{"ErrorCode", "Message",
+"MessageID", ...}`` per message, in order: ErrorCode 0 is accepted, any other is that message's
+failure alone (100 and 429 transient, the rest permanent). A batch mixing template and plain
+messages is sent one message a call (the two endpoints take different bodies).
+
 **Postmark has no idempotency header.** The ``idempotency_key`` still travels in
 ``Metadata`` so a duplicate can be traced, but the one accepted window of docs/design.md
 invariant 3 (the provider accepted, the process died before the commit) stays open for
 Postmark: a retry after a lost 200 sends the mail a second time.
 """
 
+from collections.abc import Sequence
 from typing import Any, Self
 
 import httpx
@@ -33,12 +43,21 @@ from email_platform.common.classify import classify_response, parse_retry_after
 from email_platform.common.config import ProviderSettings
 from email_platform.common.errors import ConfigurationError, DeliveryError, TransientError
 from email_platform.providers import templated, wire
-from email_platform.providers.base import Accepted, OutgoingEmail, trace_metadata
+from email_platform.providers.base import (
+    Accepted,
+    OutgoingEmail,
+    batch_limit,
+    batch_max_option,
+    trace_metadata,
+)
 from email_platform.providers.http import HttpProvider, ProviderRequest
 
 DEFAULT_BASE_URL = "https://api.postmarkapp.com"
 DEFAULT_MESSAGE_STREAM = "outbound"
 METADATA_VALUE_MAX = 80
+
+#: Postmark's own limit on one batch call.
+POSTMARK_BATCH_LIMIT = 500
 
 #: Postmark ErrorCodes worth retrying whatever the HTTP status: 100 maintenance, 429 rate limit.
 TRANSIENT_ERROR_CODES = frozenset({100, 429})
@@ -56,6 +75,7 @@ class PostmarkProvider(HttpProvider):
         server_token: str,
         message_stream: str = DEFAULT_MESSAGE_STREAM,
         bulk_message_stream: str | None = None,
+        batch_max: int = 1,
         **kwargs: Any,
     ) -> None:
         if not server_token:
@@ -72,6 +92,7 @@ class PostmarkProvider(HttpProvider):
         )
         self.message_stream = message_stream
         self.bulk_message_stream = bulk_message_stream
+        self.batch_max = batch_limit("postmark", batch_max, POSTMARK_BATCH_LIMIT)
 
     @classmethod
     def from_settings(cls, settings: ProviderSettings, *, max_connections: int) -> Self:
@@ -84,6 +105,7 @@ class PostmarkProvider(HttpProvider):
             server_token=settings.api_key,
             message_stream=settings.option("message_stream") or DEFAULT_MESSAGE_STREAM,
             bulk_message_stream=settings.option("bulk_message_stream") or None,
+            batch_max=batch_max_option(settings, "POSTMARK"),
             timeout_s=settings.timeout_s,
             rate_limit_per_s=settings.rate_limit_per_s,
             max_connections=max_connections,
@@ -128,6 +150,44 @@ class PostmarkProvider(HttpProvider):
         if body.get("ErrorCode", 0) != 0:
             raise self.classify(response)
         return Accepted(str(body["MessageID"]), response.status_code)
+
+    def build_batch_request(self, emails: Sequence[OutgoingEmail]) -> ProviderRequest:
+        singles = [self.build_request(email) for email in emails]
+        paths = {single.path for single in singles}
+        if paths == {"/email"}:
+            return ProviderRequest("POST", "/email/batch", json=[s.json for s in singles])
+        if paths == {"/email/withTemplate"}:
+            return ProviderRequest(
+                "POST", "/email/batchWithTemplates", json={"Messages": [s.json for s in singles]}
+            )
+        # Not one message's fault: the dispatcher sends them one a call instead.
+        raise ValueError("a Postmark batch takes template or plain messages, not both")
+
+    def batch_results(
+        self, response: httpx.Response, emails: Sequence[OutgoingEmail]
+    ) -> list[Accepted | DeliveryError]:
+        answers = response.json()
+        if not isinstance(answers, list):
+            raise TypeError(f"expected a JSON array, got {type(answers).__name__}")
+        return [self._entry(answer, response) for answer in answers]
+
+    def _entry(self, answer: dict, response: httpx.Response) -> Accepted | DeliveryError:
+        """One message's answer within a 200 batch answer."""
+        code = int(answer.get("ErrorCode", 0))
+        if code == 0:
+            return Accepted(str(answer["MessageID"]), response.status_code)
+        message = f"Postmark ErrorCode {code}: {answer.get('Message') or ''}"
+        if code in TRANSIENT_ERROR_CODES:
+            return TransientError(
+                message,
+                status_code=429 if code == 429 else 503,
+                code=str(code),
+                retry_after_s=parse_retry_after(
+                    response.headers.get("retry-after"), cap_s=self.retry_after_cap_s
+                ),
+            )
+        # The status Postmark gives the same refusal of a single send.
+        return classify_response(422, {}, code=str(code), message=message)
 
     def error_of(self, response: httpx.Response) -> tuple[str | None, str]:
         try:

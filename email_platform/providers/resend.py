@@ -20,6 +20,18 @@ Resend honours the ``Idempotency-Key`` for 24 hours: a retry with the same key a
 gets the first answer and sends nothing, so the one accepted window of docs/design.md invariant 3
 is closed for Resend.
 
+**Batches** (``EMAIL_PLATFORM_RESEND_BATCH_MAX`` > 1, at most 100; default 1: one message a
+call): ``POST /emails/batch`` takes a JSON array of the bodies above, each built by
+``build_request`` (so each keeps its tags: event id, idempotency key), with
+``x-batch-validation: permissive``: an entry Resend refuses is named in ``errors`` by its
+index, the others are sent and their ids come back in ``data``, in order. Resend's
+``Idempotency-Key`` is one per request, so a batch carries a key derived from its messages'
+keys (:func:`batch_key`): the same messages retried together get the first answer, but a
+retry that regroups them (some were sent, others joined) is a new request. With batches on,
+the window of invariant 3 is therefore open for Resend as for Postmark (docs/batch-sending.md).
+Batch calls take no attachments (nor ``scheduled_at``, which we never send), so a message
+with attachments, or on a Resend template, goes in a call of its own.
+
 A 200 answer is ``{"id": "..."}``. Errors are ``{"statusCode", "name", "message"}`` and the
 ``name`` is kept as the dead letter's error code:
 
@@ -39,6 +51,8 @@ A 200 answer is ``{"id": "..."}``. Errors are ``{"statusCode", "name", "message"
   (``email-platform dlq replay``, same idempotency key) once sending is possible again.
 """
 
+import hashlib
+from collections.abc import Sequence
 from typing import Any, Self
 
 import httpx
@@ -56,12 +70,16 @@ from email_platform.providers import templated, wire
 from email_platform.providers.base import (
     Accepted,
     OutgoingEmail,
+    batch_limit,
+    batch_max_option,
     idempotency_header,
     trace_metadata,
 )
 from email_platform.providers.http import HttpProvider, ProviderRequest
 
 DEFAULT_BASE_URL = "https://api.resend.com"
+#: Resend's own limit on one batch call.
+RESEND_BATCH_LIMIT = 100
 
 #: Error names that are worth retrying whatever their status code.
 TRANSIENT_ERRORS = frozenset(
@@ -85,11 +103,13 @@ class ResendProvider(HttpProvider):
         base_url: str = DEFAULT_BASE_URL,
         *,
         api_key: str,
+        batch_max: int = 1,
         **kwargs: Any,
     ) -> None:
         if not api_key:
             raise ConfigurationError("resend needs an API key (EMAIL_PLATFORM_RESEND_API_KEY)")
         super().__init__(base_url, headers={"Authorization": f"Bearer {api_key}"}, **kwargs)
+        self.batch_max = batch_limit("resend", batch_max, RESEND_BATCH_LIMIT)
 
     @classmethod
     def from_settings(cls, settings: ProviderSettings, *, max_connections: int) -> Self:
@@ -98,6 +118,7 @@ class ResendProvider(HttpProvider):
         return cls(
             settings.base_url or DEFAULT_BASE_URL,
             api_key=settings.api_key,
+            batch_max=batch_max_option(settings, "RESEND"),
             timeout_s=settings.timeout_s,
             rate_limit_per_s=settings.rate_limit_per_s,
             max_connections=max_connections,
@@ -134,6 +155,76 @@ class ResendProvider(HttpProvider):
     def accepted(self, response: httpx.Response) -> Accepted:
         return Accepted(str(response.json()["id"]), response.status_code)
 
+    # ---- batches ---------------------------------------------------------------------------
+
+    def build_batch_request(self, emails: Sequence[OutgoingEmail]) -> ProviderRequest:
+        return ProviderRequest(
+            "POST",
+            "/emails/batch",
+            headers={
+                "Idempotency-Key": batch_key(emails),
+                "x-batch-validation": "permissive",
+            },
+            json=[self.build_request(email).json for email in emails],
+        )
+
+    def batch_results(
+        self, response: httpx.Response, emails: Sequence[OutgoingEmail]
+    ) -> list[Accepted | DeliveryError]:
+        body = response.json()
+        refused = {int(e["index"]): str(e.get("message") or "") for e in body.get("errors") or []}
+        ids = iter(body["data"])
+        results: list[Accepted | DeliveryError] = []
+        for index in range(len(emails)):
+            if index in refused:
+                results.append(
+                    ProviderRejectedError(
+                        f"Resend refused this batch entry: {refused[index]}",
+                        status_code=422,
+                        code="validation_error",
+                    )
+                )
+            else:
+                results.append(Accepted(str(next(ids)["id"]), response.status_code))
+        if next(ids, None) is not None:
+            raise ValueError("more ids than messages")
+        return results
+
+    def send_many(self, emails: Sequence[OutgoingEmail]) -> list[Accepted | DeliveryError]:
+        alone = [_alone(email) for email in emails]
+        if not any(alone):
+            return super().send_many(emails)
+        rest = [e for e, a in zip(emails, alone, strict=True) if not a]
+        batched = iter(super().send_many(rest) if rest else [])
+        return [
+            self._send_one(e) if a else next(batched) for e, a in zip(emails, alone, strict=True)
+        ]
+
+    async def send_many_async(
+        self, emails: Sequence[OutgoingEmail]
+    ) -> list[Accepted | DeliveryError]:
+        alone = [_alone(email) for email in emails]
+        if not any(alone):
+            return await super().send_many_async(emails)
+        rest = [e for e, a in zip(emails, alone, strict=True) if not a]
+        batched = iter(await super().send_many_async(rest) if rest else [])
+        return [
+            await self._send_one_async(e) if a else next(batched)
+            for e, a in zip(emails, alone, strict=True)
+        ]
+
+    def _send_one(self, email: OutgoingEmail) -> Accepted | DeliveryError:
+        try:
+            return self.send(email)
+        except DeliveryError as error:
+            return error
+
+    async def _send_one_async(self, email: OutgoingEmail) -> Accepted | DeliveryError:
+        try:
+            return await self.send_async(email) if self.async_ready else self.send(email)
+        except DeliveryError as error:
+            return error
+
     def error_of(self, response: httpx.Response) -> tuple[str | None, str]:
         try:
             body = response.json()
@@ -169,3 +260,15 @@ class ResendProvider(HttpProvider):
             message=f"{name}: {message}" if name else message,
             retry_after_cap_s=self.retry_after_cap_s,
         )
+
+
+def _alone(email: OutgoingEmail) -> bool:
+    """Whether ``email`` needs a call of its own: Resend's batch call takes no attachments,
+    and documents no templates."""
+    return bool(email.attachments) or email.provider_template is not None
+
+
+def batch_key(emails: Sequence[OutgoingEmail]) -> str:
+    """The ``Idempotency-Key`` of a batch: the same messages give the same key."""
+    digest = hashlib.sha256("\n".join(e.idempotency_key for e in emails).encode()).hexdigest()
+    return f"batch-{digest}"

@@ -1,11 +1,13 @@
 import dataclasses
 import json
+import math
 
 from dagster import ConfigurableResource
 
 from email_platform.common import config
 from email_platform.common.errors import ConfigurationError
-from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, LaneConfig, parse_lane
+from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, LANES, LaneConfig, parse_lane
+from email_platform.sending.shared_rate import RatePlan, plan_for
 
 
 class LanePolicy(ConfigurableResource):
@@ -44,12 +46,28 @@ class LanePolicy(ConfigurableResource):
                 f"lane override for {parsed.value}: batches_in_flight must be a whole number "
                 f"from 1, got {in_flight!r}"
             )
+        rate, share = lane_config.rate_limit_per_s, lane_config.rate_reserved_share
+        if not (isinstance(rate, int | float) and math.isfinite(rate) and rate >= 0):
+            raise ConfigurationError(
+                f"lane override for {parsed.value}: rate_limit_per_s must be a number >= 0 "
+                f"(0: no cap), got {rate!r}"
+            )
+        if not (isinstance(share, int | float) and 0 <= share < 1):
+            raise ConfigurationError(
+                f"lane override for {parsed.value}: rate_reserved_share must be a number from 0 "
+                f"to below 1, got {share!r}"
+            )
         if not 0 <= lane_config.warm_workers <= lane_config.workers:
             raise ConfigurationError(
                 f"lane override for {parsed.value}: warm_workers must be 0 to workers "
                 f"({lane_config.workers}), got {lane_config.warm_workers}"
             )
         return lane_config
+
+    def rate_plan(self, provider: str, provider_per_s: float, lane: LaneConfig) -> RatePlan | None:
+        """The shared-rate buckets ``lane`` draws from (``sending.shared_rate``), knowing every
+        lane's reserved share; None when no rate is set."""
+        return plan_for(provider, provider_per_s, lane, [self.config_for(name) for name in LANES])
 
     def _overrides(self) -> dict[str, dict]:
         raw = self.overrides_json or config.lane_overrides_json()

@@ -29,9 +29,17 @@ class Warehouse(ConfigurableResource):
     rate_check_min_messages: int = warehouse.Thresholds.min_messages
     rate_window_days: int = warehouse.Thresholds.window_days
     clock_skew_s: float = warehouse.Thresholds.clock_skew_s
+    # The most memory a refresh may use, a full build's above all (a DuckDB size, "2GB"); empty:
+    # EMAIL_PLATFORM_WAREHOUSE_MEMORY, default 2GB. It spills to disk beyond it.
+    memory_limit: str | None = None
 
     def resolved_path(self) -> str:
         return self.path or config.warehouse_path()
+
+    def resolved_memory_limit(self) -> str:
+        if self.memory_limit is None:
+            return config.warehouse_memory()
+        return config.checked_memory(self.memory_limit, "memory_limit")
 
     def resolved_refresh_interval_s(self) -> float:
         if self.refresh_interval_s is None:

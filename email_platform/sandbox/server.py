@@ -37,6 +37,10 @@ Behaviour worth knowing when writing tests against it:
   first: ``{"webhooks": [{"event", "attempts", "last_status", "delivered", "outcome"}],
   "total", "posting"}`` (``outcome``: null while posting, ``delivered``, ``refused`` or
   ``exhausted``; ``posting``: messages whose events are still being posted).
+* ``GET /_sandbox/requests`` lists when each send request arrived (epoch seconds, the latest
+  200,000): ``{"times": [...]}``, for counting a client's rate over any window.
+* ``POST /email`` and ``POST /email/batch`` answer in Postmark's shapes (``sandbox/postmark.py``):
+  the Postmark adapter can send to the sandbox, one message a call or in batches.
 * ``api_key`` only guards the send endpoints; the ``/_sandbox/*`` control endpoints stay open so
   a test harness can inspect the server without knowing the key.
 """
@@ -64,6 +68,7 @@ from email_platform.sandbox.faults import (
     parse_rule,
     retry_after_header,
 )
+from email_platform.sandbox.postmark import postmark_routes
 from email_platform.sandbox.state import SandboxConfig, SandboxState, dumps
 from email_platform.sandbox.templates import ProviderTemplates
 
@@ -208,8 +213,7 @@ def create_app(config: SandboxConfig) -> Starlette:
     async def admit(request: Request, *, batch: bool) -> Response | None:
         """What both send endpoints do first: count, configured latency, the API key."""
         with state.lock:
-            state.requests += 1
-            state.batch_requests += batch
+            state.arrived(batch=batch)
             state.in_flight += 1
             state.peak_in_flight = max(state.peak_in_flight, state.in_flight)
         try:
@@ -345,6 +349,11 @@ def create_app(config: SandboxConfig) -> Starlette:
     async def stats(request: Request) -> Response:
         return _json(200, state.stats())
 
+    async def request_times(request: Request) -> Response:
+        with state.lock:
+            times = list(state.request_times)
+        return _json(200, {"times": times})
+
     async def add_faults(request: Request) -> Response:
         try:
             payload = json.loads(await request.body())
@@ -387,11 +396,14 @@ def create_app(config: SandboxConfig) -> Starlette:
             Route("/_sandbox/messages", list_messages, methods=["GET"]),
             Route("/_sandbox/webhooks", list_webhooks, methods=["GET"]),
             Route("/_sandbox/stats", stats, methods=["GET"]),
+            Route("/_sandbox/requests", request_times, methods=["GET"]),
             Route("/_sandbox/faults", add_faults, methods=["POST"]),
             Route("/_sandbox/faults", list_faults, methods=["GET"]),
             Route("/_sandbox/faults", clear_faults, methods=["DELETE"]),
             Route("/_sandbox/reset", reset, methods=["POST"]),
             Route("/_sandbox/health", health, methods=["GET"]),
+            # Postmark's shapes, for the Postmark adapter (sandbox/postmark.py).
+            *postmark_routes(state, admit, _problem, config.timeout_delay_s),
         ],
         # A sender killed while uploading its body: nothing was read, so nothing is accepted,
         # and there is no one to answer (not an error of the sandbox's).

@@ -4,6 +4,8 @@ import json
 import os
 import random
 import threading
+import time
+from collections import deque
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -71,6 +73,9 @@ class SandboxState:
             self.rules: list[FaultRule] = []
             self.requests = 0
             self.batch_requests = 0
+            #: When each send request arrived (epoch seconds, the latest 200,000): what a test
+            #: counts a client's request rate over any window with.
+            self.request_times: deque[float] = deque(maxlen=200_000)
             #: Send requests inside their latency wait now, and the most there were at once:
             #: how many calls a client really kept in flight.
             self.in_flight = 0
@@ -79,6 +84,12 @@ class SandboxState:
             self.send_attempts = 0
             self.repeated_keys = 0
             self.faults = dict.fromkeys(FAULT_KINDS, 0)
+
+    def arrived(self, *, batch: bool) -> None:
+        """Count a send request; caller holds ``lock``."""
+        self.requests += 1
+        self.batch_requests += batch
+        self.request_times.append(time.time())
 
     def pick_random_fault(self) -> str | None:
         cfg = self.config

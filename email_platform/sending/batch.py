@@ -29,13 +29,15 @@ from email_platform.mail.rendering import TemplateRenderer
 from email_platform.mail.routes import RouteTable, configured_routes
 from email_platform.observability import logs, tracing
 from email_platform.providers import templated
-from email_platform.providers.base import EmailProvider
+from email_platform.providers.base import EmailProvider, failover_provider
+from email_platform.sending import shared_rate
 from email_platform.sending.dispatch import Dispatcher
 from email_platform.sending.leases import LeaseRenewer
 from email_platform.sending.prepare import Preparer
 from email_platform.sending.record import Recorder
 from email_platform.sending.refusals import first_line, restore_outcome
-from email_platform.sending.types import BatchOutcome, ClaimedBatch, Work
+from email_platform.sending.shared_rate import SharedRateLimiter
+from email_platform.sending.types import BatchOutcome, ClaimedBatch, Sent, Work
 from email_platform.store import dead_letters, messages, outbox
 
 
@@ -52,8 +54,11 @@ class BatchSender:
         sender_address: str,
         log: logging.Logger | Any | None = None,
         cancel: threading.Event | None = None,
+        rate_limiter: SharedRateLimiter | None = None,
     ) -> None:
         self.engine = engine
+        #: The provider's shared send rate (``shared_rate``), None: the adapter's own.
+        self.rate_limiter = rate_limiter
         self.lane = lane
         self.log = log or logs.bind(logging.getLogger(__name__), lane=lane.lane.value)
         #: Set when the run is asked to stop: no new provider call starts, the ones in flight
@@ -80,6 +85,8 @@ class BatchSender:
     @provider.setter
     def provider(self, provider: EmailProvider) -> None:
         self._provider = provider
+        if self.rate_limiter is not None:
+            shared_rate.install(provider, self.rate_limiter)
         self.recorder.provider_name = provider.name
         self.preparer.provider_name = provider.name
         self.preparer.provider_templates = templated.sends_templates(provider)
@@ -213,12 +220,28 @@ class BatchSender:
             self.dispatcher.send_all(
                 self.provider,
                 work,
-                record=lambda group: self.recorder.record_group(group, run_id, outcome),
+                record=lambda group: self._record(group, run_id, outcome),
                 salvage=lambda leftovers: self.recorder.salvage(leftovers, run_id, outcome),
             )
             outcome.provider_s += time.monotonic() - started
             self.recorder.finish_events(batch.events, run_id, outcome, hold_retries=hold_retries)
         return batch.outcome
+
+    def _record(
+        self, group: list[Sent], run_id: str, outcome: BatchOutcome
+    ) -> ConfigurationError | None:
+        if self.rate_limiter is not None:
+            # A 429 seen here holds every sender of the provider, not only this one.
+            # (A failover's secondary is another provider, with a rate of its own.)
+            self.rate_limiter.observe(
+                sent.result for sent in group if failover_provider(sent.result) is None
+            )
+        return self.recorder.record_group(group, run_id, outcome)
+
+    def close(self) -> None:
+        """Give back the shared-rate slots this sender was granted and did not use."""
+        if self.rate_limiter is not None:
+            self.rate_limiter.close()
 
     def _still_held(self, work: list[Work], run_id: str) -> list[Work]:
         if not work:
@@ -250,6 +273,7 @@ def build_sender(
     resolver: RecipientResolver | None = None,
     log: logging.Logger | Any | None = None,
     cancel: threading.Event | None = None,
+    rate_limiter: SharedRateLimiter | None = None,
 ) -> BatchSender:
     """The one way a ``BatchSender`` is put together; the configured route table
     (``EMAIL_PLATFORM_ROUTES``) with its templates and the ``users`` directory unless others are
@@ -275,4 +299,5 @@ def build_sender(
         sender_address=sender_address,
         log=log,
         cancel=cancel,
+        rate_limiter=rate_limiter,
     )

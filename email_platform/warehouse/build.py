@@ -158,9 +158,29 @@ def models_fingerprint() -> str:
     return digest.hexdigest()[:16]
 
 
-def build_models(connection: duckdb.DuckDBPyConnection, full: bool) -> tuple[int, int, int]:
-    """Staging views, then the funnel and the daily table: whole, or only what changed.
-    Returns the messages and days rebuilt and the rows deleted to rebuild them."""
+@dataclass(frozen=True)
+class BuildCounts:
+    """What a build did, counted: the work a refresh did, for tests and the benchmark."""
+
+    # Funnel rows rebuilt (one per message), days whose daily rows changed, rows deleted to
+    # replace them (funnel and daily).
+    messages: int = 0
+    days: int = 0
+    rows_deleted: int = 0
+    # Daily rows rewritten, and the funnel rows re-aggregated into them (the touched days').
+    daily_rows: int = 0
+    daily_rows_read: int = 0
+    # A full build's slices (``SLICE_MESSAGES`` messages each).
+    slices: int = 0
+
+
+# A full build's slice: its working set (every raw row of that many messages, the join and
+# the sort) stays a few hundred MB whatever the history's size.
+SLICE_MESSAGES = 500_000
+
+
+def build_models(connection: duckdb.DuckDBPyConnection, full: bool) -> BuildCounts:
+    """Staging views, then the funnel and the daily table: whole, or only what changed."""
     for name in STAGING_MODELS:
         connection.execute(f"CREATE OR REPLACE VIEW {name} AS\n{model_sql(name)}")
     exists = {
@@ -170,24 +190,14 @@ def build_models(connection: duckdb.DuckDBPyConnection, full: bool) -> tuple[int
         ).fetchall()
     }
     if full or FUNNEL not in exists or FUNNEL_DAILY not in exists:
-        connection.execute(
-            f"CREATE OR REPLACE TABLE {FUNNEL} AS\n"
-            f"SELECT * FROM (\n{model_sql(FUNNEL)}\n) ORDER BY message_id"
-        )
-        connection.execute(
-            f"CREATE OR REPLACE TABLE {FUNNEL_DAILY} AS\n"
-            f"SELECT * FROM (\n{model_sql(FUNNEL_DAILY)}\n) ORDER BY ALL"
-        )
-        messages = connection.execute(f"SELECT count(*) FROM {FUNNEL}").fetchone()[0]
-        days = connection.execute(f"SELECT count(DISTINCT day) FROM {FUNNEL_DAILY}").fetchone()[0]
-        return messages, days, 0
+        return _build_full(connection)
     connection.execute(
         "CREATE OR REPLACE TEMP TABLE _scope AS "
         f"SELECT DISTINCT message_id FROM {AFFECTED} ORDER BY message_id"
     )
     messages = connection.execute("SELECT count(*) FROM _scope").fetchone()[0]
     if not messages:
-        return 0, 0, 0
+        return BuildCounts()
     connection.execute(
         f"CREATE OR REPLACE TEMP TABLE _old_days AS SELECT DISTINCT day FROM {FUNNEL} "
         "WHERE message_id IN (SELECT message_id FROM _scope)"
@@ -207,15 +217,97 @@ def build_models(connection: duckdb.DuckDBPyConnection, full: bool) -> tuple[int
         f"SELECT DISTINCT day FROM {FUNNEL} WHERE message_id IN (SELECT message_id FROM _scope)"
     )
     days = connection.execute("SELECT count(*) FROM _days").fetchone()[0]
+    # The days' rows are re-aggregated, not kept by deltas: its percentiles (medians, p95) are
+    # no sums and need every value of their group, and late first opens move them on every
+    # day they reach. A delta (add the new versions' counts, subtract the old ones', recompute
+    # only the percentiles that moved) measured ~0.2 s slower at 1M messages (bench/README.md,
+    # "Warehouse benchmark", 2026-12-06): the percentiles cost most of the re-aggregation.
     deleted += connection.execute(
         f"DELETE FROM {FUNNEL_DAILY} WHERE day IN (SELECT day FROM _days)"
     ).fetchone()[0]
-    with shadowed(connection, {FUNNEL: "day IN (SELECT day FROM _days)"}):
-        connection.execute(
+    window = "day IN (SELECT day FROM _days)"
+    with shadowed(connection, {FUNNEL: window}):
+        daily_rows = connection.execute(
             f"INSERT INTO {FUNNEL_DAILY} SELECT * FROM (\n{model_sql(FUNNEL_DAILY)}\n) "
-            "WHERE day IN (SELECT day FROM _days) ORDER BY ALL"
+            f"WHERE {window} ORDER BY ALL"
+        ).fetchone()[0]
+    # The funnel rows re-aggregated: every one counts once in its daily row's messages.
+    daily_read = connection.execute(
+        f"SELECT coalesce(sum(messages), 0) FROM {FUNNEL_DAILY} WHERE {window}"
+    ).fetchone()[0]
+    return BuildCounts(
+        messages=messages,
+        days=days,
+        rows_deleted=deleted,
+        daily_rows=daily_rows,
+        daily_rows_read=daily_read,
+    )
+
+
+def _build_full(connection: duckdb.DuckDBPyConnection) -> BuildCounts:
+    """The funnel in slices of ``SLICE_MESSAGES`` messages (by id), each from only its own raw
+    rows, appended in id order; then the daily table in slices of whole days. Each slice reads
+    and sorts a bounded share, so the build's memory does not grow with the history."""
+    bounds = connection.execute(
+        "SELECT message_id FROM (SELECT message_id, row_number() OVER (ORDER BY message_id) "
+        f"AS n FROM raw_email_messages) WHERE n % {int(SLICE_MESSAGES)} = 1 ORDER BY message_id"
+    ).fetchall()
+    starts = [row[0] for row in bounds]
+    with shadowed(connection, {"raw_email_messages": "false"}):
+        # The table, empty, with the model's columns and types.
+        connection.execute(
+            f"CREATE OR REPLACE TABLE {FUNNEL} AS SELECT * FROM (\n{model_sql(FUNNEL)}\n) LIMIT 0"
         )
-    return messages, days, deleted
+    for index, low in enumerate(starts):
+        high = starts[index + 1] if index + 1 < len(starts) else None
+        scope = f"message_id >= {int(low)}" + (f" AND message_id < {int(high)}" if high else "")
+        connection.execute(
+            f"CREATE OR REPLACE TEMP TABLE _scope AS SELECT message_id FROM raw_email_messages "
+            f"WHERE {scope}"
+        )
+        with shadowed(connection, _scope_filters(connection)):
+            connection.execute(
+                f"INSERT INTO {FUNNEL} SELECT * FROM (\n{model_sql(FUNNEL)}\n) ORDER BY message_id"
+            )
+    messages = connection.execute(f"SELECT count(*) FROM {FUNNEL}").fetchone()[0]
+    with shadowed(connection, {FUNNEL: "false"}):
+        connection.execute(
+            f"CREATE OR REPLACE TABLE {FUNNEL_DAILY} AS SELECT * FROM (\n"
+            f"{model_sql(FUNNEL_DAILY)}\n) LIMIT 0"
+        )
+    days = connection.execute(
+        f"SELECT day, count(*) FROM {FUNNEL} GROUP BY day ORDER BY day"
+    ).fetchall()
+    for first, last in _day_slices(days, SLICE_MESSAGES):
+        window = f"day BETWEEN DATE '{first}' AND DATE '{last}'"
+        with shadowed(connection, {FUNNEL: window}):
+            connection.execute(
+                f"INSERT INTO {FUNNEL_DAILY} SELECT * FROM (\n{model_sql(FUNNEL_DAILY)}\n) "
+                "ORDER BY ALL"
+            )
+    daily_rows = connection.execute(f"SELECT count(*) FROM {FUNNEL_DAILY}").fetchone()[0]
+    return BuildCounts(
+        messages=messages,
+        days=len(days),
+        daily_rows=daily_rows,
+        daily_rows_read=messages,
+        slices=len(starts),
+    )
+
+
+def _day_slices(days: list[tuple[object, int]], size: int) -> list[tuple[object, object]]:
+    """Consecutive days grouped into slices of at most ``size`` rows (a bigger day alone)."""
+    slices: list[tuple[object, object]] = []
+    first, rows = None, 0
+    for index, (day, count) in enumerate(days):
+        if first is None:
+            first, rows = day, 0
+        rows += count
+        following = days[index + 1][1] if index + 1 < len(days) else None
+        if following is None or rows + following > size:
+            slices.append((first, day))
+            first = None
+    return slices
 
 
 def _scope_filters(connection: duckdb.DuckDBPyConnection) -> dict[str, str]:

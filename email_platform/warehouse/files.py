@@ -252,11 +252,18 @@ def retire(snapshot: Path) -> Path | None:
 
 def remove_leftovers(warehouse_path: Path) -> None:
     """Files a killed refresh left behind: an old snapshot's second name, a half-made copy
-    (as big as the warehouse). Refreshes hold the lock, so none of these is in use."""
+    (as big as the warehouse), spilled data. Refreshes hold the lock, so none of these is in
+    use."""
     folder, name = warehouse_path.parent, glob.escape(warehouse_path.name)
     for pattern in (f".{name}.*.retired", f".{name}.writer.*.tmp"):
         for leftover in folder.glob(pattern):
             leftover.unlink(missing_ok=True)
+    shutil.rmtree(spill_path(warehouse_path), ignore_errors=True)
+
+
+def spill_path(warehouse_path: Path) -> Path:
+    """Where DuckDB spills what exceeds a refresh's memory bound (removed after each refresh)."""
+    return warehouse_path.with_name(f".{warehouse_path.name}.spill")
 
 
 def copy_durably(source: Path, target: Path) -> None:

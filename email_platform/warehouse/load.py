@@ -228,8 +228,12 @@ def write_source(
     raw = source.raw_table
     if staged.first_load:
         # First load: DuckDB scans the whole table in parallel, straight into the raw table.
-        casts = ", ".join(f'CAST("{n}" AS {kind}) AS "{n}"' for n, kind in source.columns)
-        connection.execute(f"INSERT INTO {raw} SELECT {casts} FROM {attached.table(source.name)}")
+        casts = ", ".join(_first_load_column(source, n, kind) for n, kind in source.columns)
+        rows = f"{attached.table(source.name)} AS s"
+        if source.as_message:
+            # The messages are loaded first (SOURCES order).
+            rows += " LEFT JOIN raw_email_messages AS m ON m.message_id = s.message_id"
+        connection.execute(f"INSERT INTO {raw} SELECT {casts} FROM {rows}")
         read = connection.execute(f"SELECT count(*) FROM {raw}").fetchone()[0]
         hwm = connection.execute(f"SELECT max({source.marker_sql()}) FROM {raw}").fetchone()[0]
         if read and mark_affected:
@@ -267,6 +271,14 @@ def write_source(
         if mark_affected:
             _mark_affected(connection, source, staged.rows)
     return staged.read, loaded, staged.hwm, deleted
+
+
+def _first_load_column(source: Source, name: str, kind: str) -> str:
+    value = f'CAST(s."{name}" AS {kind})'
+    if name in source.as_message:
+        # NULL only where both are set and equal: a NULL or a different value is kept.
+        value = f'CASE WHEN {value} = m."{name}" THEN NULL ELSE {value} END'
+    return f'{value} AS "{name}"'
 
 
 def _mark_affected(connection: duckdb.DuckDBPyConnection, source: Source, rows: str) -> None:

@@ -18,6 +18,11 @@ class RefreshSummary:
     high_water_marks: dict[str, datetime | None] = field(default_factory=dict)
     messages_rebuilt: int = 0
     days_rebuilt: int = 0
+    # The daily rows rewritten (the touched days') and the funnel rows re-aggregated into
+    # them; a full build's slices.
+    daily_rows_changed: int = 0
+    daily_rows_read: int = 0
+    slices: int = 0
     # Rows deleted to replace them (loaded rows that changed, rebuilt funnel and daily rows).
     rows_deleted: int = 0
     table_rows: dict[str, int] = field(default_factory=dict)

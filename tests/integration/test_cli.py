@@ -132,7 +132,7 @@ def test_commands_on_an_unmigrated_database_say_what_to_do(tmp_path):
     code, output = _cli(url, "status")
     assert code != 0 and "email-platform db upgrade" in output
     code, output = _cli(url, "db", "upgrade")
-    assert code == 0 and "revision 0012" in output
+    assert code == 0 and "revision 0013" in output
     code, output = _cli(url, "status", "--json")
     assert code == 0 and json.loads(output)["events"]["pending"] == 0
 

@@ -176,12 +176,17 @@ def test_5xx_and_timeouts_retry_with_backoff(engine, database_url, sandbox):
     ]
     result = run_send(database_url, sandbox.base_url, "transactional", ids, timeout_s=0.5)
     assert result.success
-    assert [a.outcome for a in attempts_of(engine, ids[0])] == ["transient", "accepted"]
+    # Each faulted message fails once for its fault, then is retried until accepted: once
+    # here, more often on a loaded machine, where a retry can outlast the 0.5 s timeout too.
+    server_error_tries = [a.outcome for a in attempts_of(engine, ids[0])]
+    assert server_error_tries[0] == "transient" and server_error_tries[-1] == "accepted"
     timeout_tries = attempts_of(engine, ids[1])
-    assert [a.outcome for a in timeout_tries] == ["transient", "accepted"]
-    assert "timeout" in timeout_tries[0].error
-    # The healthy message in the same batch was not sent again by the retry.
-    assert [a.outcome for a in attempts_of(engine, ids[2])] == ["accepted"]
+    assert [a.outcome for a in timeout_tries][-1] == "accepted"
+    assert timeout_tries[0].outcome == "transient" and "timeout" in timeout_tries[0].error
+    for event_id in ids:
+        outcomes = [a.outcome for a in attempts_of(engine, event_id)]
+        assert outcomes.count("accepted") == 1 and set(outcomes[:-1]) <= {"transient"}
+    # The healthy message in the same batch was not sent again by the others' retries.
     assert sandbox_stats(sandbox.base_url)["accepted"] == 3
 
 

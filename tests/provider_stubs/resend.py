@@ -9,6 +9,12 @@ nothing; the same key with another payload is 409 ``invalid_idempotent_request``
 headers), ``+fail500xN`` / ``+fail503xN`` fail the first N requests for that recipient;
 ``+invalid`` answers 422 ``validation_error`` and ``+quota`` 429 ``daily_quota_exceeded``.
 
+``POST /emails/batch`` takes 1 to 100 such bodies in a JSON array, one ``Idempotency-Key`` for
+the request (the same key and payload replay the first answer), and refuses attachments as
+Resend's batch call does. With ``x-batch-validation: permissive`` a refused entry (``+invalid``,
+attachments, a missing field) is listed in ``errors`` by index and the rest are created, their
+ids in ``data`` in order; in strict mode (the default) one refused entry refuses the request.
+
 Usage: ``stub = ResendStub(api_key="re_test")`` then ``with BackgroundServer(stub.app) as url``.
 """
 
@@ -37,7 +43,13 @@ class ResendStub:
         self.replayed = 0  # requests answered from the idempotency store
         self.answers: dict[str, tuple[bytes, dict[str, Any]]] = {}  # key -> (payload, answer)
         self.failures: dict[str, int] = {}  # recipient -> injected failures so far
-        self.app = Starlette(routes=[Route("/emails", self.send, methods=["POST"])])
+        self.batch_requests = 0
+        self.app = Starlette(
+            routes=[
+                Route("/emails", self.send, methods=["POST"]),
+                Route("/emails/batch", self.send_batch, methods=["POST"]),
+            ]
+        )
 
     async def send(self, request: Request) -> JSONResponse:
         raw = await request.body()
@@ -91,6 +103,49 @@ class ResendStub:
                 self.answers[key] = (raw, answer)
         return JSONResponse(answer)
 
+    async def send_batch(self, request: Request) -> JSONResponse:
+        raw = await request.body()
+        with self.lock:
+            self.requests.append({"headers": dict(request.headers), "raw": raw})
+            self.batch_requests += 1
+        if request.headers.get("authorization", "") != f"Bearer {self.api_key}":
+            return _error(401, "missing_api_key", "Missing API key in the authorization header.")
+        try:
+            entries = json.loads(raw)
+        except ValueError:
+            return _error(400, "validation_error", "Invalid JSON body.")
+        if not isinstance(entries, list) or not 1 <= len(entries) <= 100:
+            return _error(422, "validation_error", "A batch is an array of 1 to 100 emails.")
+        key = request.headers.get("idempotency-key")
+        if key is not None:
+            with self.lock:
+                stored = self.answers.get(key)
+            if stored is not None:
+                if stored[0] != raw:
+                    return _error(409, "invalid_idempotent_request", "Different payload.")
+                with self.lock:
+                    self.replayed += 1
+                return JSONResponse(stored[1])
+        permissive = request.headers.get("x-batch-validation") == "permissive"
+        errors = [
+            {"index": index, "message": problem}
+            for index, entry in enumerate(entries)
+            if (problem := _batch_problem(entry)) is not None
+        ]
+        if errors and not permissive:
+            return _error(422, "validation_error", errors[0]["message"])
+        refused = {error["index"] for error in errors}
+        data = []
+        with self.lock:
+            for index, entry in enumerate(entries):
+                if index not in refused:
+                    data.append({"id": str(uuid.uuid4())})
+                    self.accepted.append({**entry, "id": data[-1]["id"], "idempotency_key": key})
+            answer: dict[str, Any] = {"data": data, **({"errors": errors} if permissive else {})}
+            if key is not None:
+                self.answers[key] = (raw, answer)
+        return JSONResponse(answer)
+
     def _failure_for(self, to: str) -> JSONResponse | None:
         local = to.rpartition("<")[2].rstrip(">").rpartition("@")[0].lower()
         for token in local.split("+")[1:]:
@@ -131,6 +186,21 @@ class ResendStub:
                 )
             return _error(status, "internal_server_error", "An unexpected error occurred.")
         return None
+
+
+def _batch_problem(entry: Any) -> str | None:
+    """Why Resend would refuse one entry of a batch, or None."""
+    if not isinstance(entry, dict):
+        return "Each email must be an object."
+    for field in ("from", "to", "subject"):
+        if not entry.get(field):
+            return f"Missing `{field}` field."
+    if "attachments" in entry or "scheduled_at" in entry:
+        return "Attachments and scheduled_at are not supported in batch sending."
+    to = entry["to"] if isinstance(entry["to"], list) else [entry["to"]]
+    if any("+invalid@" in str(address) for address in to):
+        return "Invalid `to` field."
+    return None
 
 
 def _error(

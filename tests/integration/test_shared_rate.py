@@ -1,0 +1,182 @@
+"""One send rate per provider, shared through the database by every sender, on SQLite and
+PostgreSQL (issue 40).
+
+Each sender below has a limiter of its own, as separate worker processes would: only the
+``provider_rates`` rows join them. The slot arithmetic is checked on a clock the test moves
+(no sleeping, nothing timed); the drains go through real lane workers and the sandbox, which
+records when each request arrived, and are held to the rate over any window: a loaded machine
+only makes them slower.
+"""
+
+import dataclasses
+
+import httpx
+import pytest
+
+from email_platform.common.errors import ConfigurationError, TransientError
+from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, LANES
+from email_platform.resources import EmailProviderResource, LanePolicy
+from email_platform.sandbox.server import SandboxConfig, SandboxServer
+from email_platform.sending.shared_rate import LATE_S, SharedRateLimiter, plan_for
+from email_platform.store import provider_rates
+from tests.rate_support import drain, most_in_window
+from tests.support import publish_across_lanes, run_send, signup
+
+RATE = 40.0
+
+
+class Clock:
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _lanes(**changes):  # type: ignore[no-untyped-def]
+    """The shipped lanes, ``changes`` laid over each named lane."""
+    return [
+        dataclasses.replace(DEFAULT_LANE_CONFIGS[lane], **changes.get(lane.value, {}))
+        for lane in LANES
+    ]
+
+
+def _limiter(engine, lane: str, clock, rate: float = RATE, **lane_changes):  # type: ignore[no-untyped-def]
+    lanes = _lanes(**lane_changes)
+    config = next(c for c in lanes if c.lane == lane)
+    plan = plan_for("sandbox", rate, config, lanes)
+    assert plan is not None
+    return SharedRateLimiter(engine, plan, clock=clock)
+
+
+def test_senders_share_one_rate_and_each_slot_goes_to_one_sender(engine):
+    clock = Clock()
+    senders = [_limiter(engine, "bulk", clock) for _ in range(4)]
+    pool = RATE * 0.9  # critical keeps its shipped tenth
+    slots: list[float] = []
+    for i in range(400):
+        sender = senders[i % 4]
+        slots.append(clock.now + sender.reserve())
+        clock.now += 0.001  # the senders ask far faster than the rate
+    # No two sends share a slot, and no window holds more than the pool's rate.
+    assert len({round(s, 6) for s in slots}) == 400
+    assert most_in_window(slots, 1.0) <= pool + 1
+    assert most_in_window(slots, 10.0) <= pool * 10 + 1
+    # Chunks spare the database: far fewer grants than messages.
+    assert sum(s.grants for s in senders) < 100
+
+
+def test_a_slot_left_unused_is_dropped_not_sent_late_beside_others(engine):
+    clock = Clock()
+    slow, fast = _limiter(engine, "bulk", clock), _limiter(engine, "bulk", clock)
+    slow._chunk = slow.max_chunk  # a full chunk granted at once
+    assert slow.reserve() == 0.0
+    clock.now += 2.0  # the slow sender stalls past its slots
+    # Its stale slots are gone: its next send takes a new slot, not one two seconds old.
+    fast_first = clock.now + fast.reserve()
+    slow_next = clock.now + slow.reserve()
+    assert slow_next >= clock.now - LATE_S
+    assert slow_next != fast_first
+
+
+def test_a_sender_that_ends_gives_back_only_its_own_unused_slots(engine):
+    clock = Clock()
+    ending, other = _limiter(engine, "bulk", clock), _limiter(engine, "bulk", clock)
+    ending._chunk = ending.max_chunk
+    ending.reserve()  # took one slot of a chunk of max_chunk
+    ending.close()
+    # Nobody was granted after it: the next sender starts where it stopped.
+    assert other.reserve() == pytest.approx(1 / (RATE * 0.9))
+    # Granted after another sender: giving back would hand out the other's slots again.
+    first = _limiter(engine, "bulk", clock)
+    first._chunk = first.max_chunk
+    first.reserve()
+    other._chunk = other.max_chunk
+    other._slots.clear()
+    other.reserve()
+    with engine.connect() as connection:
+        before = provider_rates.snapshot(connection)["sandbox"][0]
+    first.close()
+    with engine.connect() as connection:
+        assert provider_rates.snapshot(connection)["sandbox"][0] == before
+
+
+def test_a_429_seen_by_one_sender_holds_every_sender(engine):
+    clock = Clock()
+    seer, other = _limiter(engine, "bulk", clock), _limiter(engine, "bulk", clock)
+    other.reserve()
+    seer.observe([TransientError("HTTP 429", status_code=429, retry_after_s=5.0)])
+    # The other's chunk runs out within MAX_SPAN_S; its next grant waits out the hold.
+    waits = [other.reserve() for _ in range(int(RATE))]
+    assert max(waits) >= 4.5
+    # A 5xx holds nobody.
+    again = _limiter(engine, "transactional", clock)
+    again.observe([TransientError("HTTP 503", status_code=503, retry_after_s=30.0)])
+    with engine.connect() as connection:
+        held = provider_rates.snapshot(connection)["sandbox"][1]
+    assert held == pytest.approx(clock.now + 5.0)
+
+
+def test_critical_keeps_its_share_while_bulk_takes_the_rest(engine):
+    clock = Clock()
+    bulk = [_limiter(engine, "bulk", clock) for _ in range(2)]
+    # A bulk backlog has taken the pool for the next ten seconds...
+    for _ in range(int(RATE * 0.9 * 10)):
+        bulk[0].reserve()
+        bulk[1].reserve()
+    assert bulk[0].reserve() > 9.0
+    # ...and a burst of password resets still goes at the critical reserve's rate at once.
+    critical = _limiter(engine, "critical", clock)
+    waits = [critical.reserve() for _ in range(int(RATE * 0.1))]
+    assert max(waits) < 1.0
+    # Bulk never draws from critical's reserve.
+    with engine.connect() as connection:
+        buckets = provider_rates.snapshot(connection)
+    assert set(buckets) == {"sandbox", "sandbox:reserved:critical"}
+
+
+def test_a_lane_cap_holds_the_lane_below_the_provider_rate(engine):
+    clock = Clock()
+    capped = _limiter(engine, "transactional", clock, transactional={"rate_limit_per_s": 10.0})
+    slots = [clock.now + capped.reserve() for _ in range(50)]
+    assert most_in_window(slots, 1.0) <= 11
+    assert max(slots) - min(slots) >= 4.8
+
+
+def test_no_rate_means_no_plan_and_settings_are_checked():
+    lanes = _lanes()
+    assert plan_for("sandbox", 0.0, lanes[2], lanes) is None
+    greedy = _lanes(bulk={"rate_reserved_share": 0.95})
+    with pytest.raises(ConfigurationError, match="together below 1"):
+        plan_for("sandbox", 10.0, greedy[0], greedy)
+    with pytest.raises(ConfigurationError, match="rate_limit_per_s"):
+        LanePolicy(overrides_json='{"bulk": {"rate_limit_per_s": -1}}').config_for("bulk")
+    with pytest.raises(ConfigurationError, match="rate_reserved_share"):
+        LanePolicy(overrides_json='{"bulk": {"rate_reserved_share": 1.5}}').config_for("bulk")
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_workers_draining_a_backlog_stay_within_the_shared_rate(engine, workers):
+    rate = 50.0
+    ids = [signup(engine, f"u{i}") for i in range(60)]
+    with SandboxServer(SandboxConfig()) as url:
+        drain(engine, url, workers, rate)
+        times = httpx.get(f"{url}/_sandbox/requests").json()["times"]
+        accepted = len(httpx.get(f"{url}/_sandbox/messages").json()["messages"])
+    assert accepted == len(ids) == len(times)
+    # Slots are 1/rate apart; one may go out up to LATE_S after its time.
+    assert most_in_window(times, 1.0) <= rate * (1.0 + LATE_S) + 1
+
+
+def test_the_send_job_takes_its_slots_from_the_shared_rate(engine, database_url, sandbox):
+    ids = publish_across_lanes(engine, {"critical": 0, "transactional": 5, "bulk": 0})
+    provider = EmailProviderResource(
+        provider="sandbox", base_url=sandbox.base_url, timeout_s=5, rate_limit_per_s=100.0
+    )
+    result = run_send(database_url, sandbox.base_url, "transactional", ids, provider=provider)
+    assert result.success
+    with engine.connect() as connection:
+        buckets = provider_rates.snapshot(connection)
+    # The pool's row moved on by the five slots the run took (and gave back none it used).
+    assert set(buckets) == {"sandbox"}
+    assert buckets["sandbox"][0] > 0
