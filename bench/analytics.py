@@ -6,7 +6,9 @@ database (``--backend postgresql``: a fresh PostgreSQL database on ``BENCH_POSTG
 five provider events per message), runs a full refresh, then ``--rounds``
 incremental refreshes of ``--increment`` new messages each (plus late opens for old messages,
 mostly recent ones; ``--late-uniform`` spreads them over the whole history, the worst case),
-and prints a table. Each refresh runs in its own process so its peak RSS is its own.
+and prints a table. The history is generated, and each refresh runs, in its own process so
+each peak RSS is its own. ``--json FILE`` writes the results there after every step (a run
+stopped part way keeps the sizes and steps it finished); ``--json`` alone prints them.
 """
 
 import argparse
@@ -17,8 +19,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -66,6 +69,35 @@ def _phase(database_url: str, warehouse_path: str, full: bool) -> None:
     )
 
 
+def _generate_phase(database_url: str, messages: int, days: float, end: str) -> None:
+    started = time.perf_counter()
+
+    def progress(done: int, total: int) -> None:
+        elapsed = time.perf_counter() - started
+        print(f"  generated {done:,}/{total:,} messages in {elapsed:.0f} s", file=sys.stderr)
+
+    generated = generate(
+        database_url, messages=messages, days=days, end=datetime.fromisoformat(end),
+        chunk=GENERATE_CHUNK, progress=progress,
+    )  # fmt: skip
+    print(json.dumps({**asdict(generated), "peak_rss_mb": _peak_rss_mb()}))
+
+
+# Messages made and written at a time: a few hundred MB of rows in flight.
+GENERATE_CHUNK = 100_000
+
+
+def _generate(database_url: str, messages: int, days: float, end: datetime) -> dict:
+    """The history, made in a process of its own (its peak RSS is the generator's alone)."""
+    output = subprocess.run(
+        [sys.executable, "-m", "bench.analytics", "--phase", "generate",
+         "--database-url", database_url, "--messages", str(messages), "--days", str(days),
+         "--end", end.isoformat()],
+        check=True, stdout=subprocess.PIPE, text=True,
+    ).stdout  # fmt: skip
+    return json.loads(output.strip().splitlines()[-1])
+
+
 def _measure(database_url: str, warehouse_path: str, full: bool) -> dict:
     # Flush what the generator just wrote first: on ext4 the refresh's checkpoint fsync would
     # otherwise wait for those pages too, and charge the generator's I/O to the refresh.
@@ -109,10 +141,17 @@ def run(
     workdir: Path,
     backend: str = "sqlite",
     late_recency_days: float | None = 2.0,
+    on_step: Callable[[list[dict]], None] | None = None,
 ) -> list[dict]:
+    """The steps for one size; ``on_step`` gets the steps so far after each. The history and
+    the warehouse are deleted afterwards (at ten million messages they take tens of GB)."""
     with _database(backend, workdir, messages) as url:
         path = workdir / f"warehouse_{backend}_{messages}.duckdb"
-        return _run(url, messages, increment, rounds, days, path, late_recency_days)
+        try:
+            return _run(url, messages, increment, rounds, days, path, late_recency_days, on_step)
+        finally:
+            for leftover in workdir.glob(f"*_{messages}.*"):
+                leftover.unlink()
 
 
 def _run(
@@ -123,26 +162,97 @@ def _run(
     days: float,
     path: Path,
     late_recency_days: float | None,
+    on_step: Callable[[list[dict]], None] | None = None,
 ) -> list[dict]:
-    now = datetime.now(UTC)
-    generated = generate(url, messages=messages, days=days, end=now)
+    results: list[dict] = []
+
+    def record(step: dict) -> None:
+        if "timings" in step:
+            step["visible"] = step["timings"]["visible"]
+        step["load_average"] = os.getloadavg()
+        results.append(step)
+        _progress(f"  {step['step']}: {step['seconds']:.1f} s")
+        if on_step:
+            on_step(results)
+
+    ahead = _generated_ahead(url)
+    if ahead:
+        # Made earlier by --generate-only: time goes on from that history's end.
+        now, generated = datetime.fromisoformat(ahead["end"]), ahead["generated"]
+        _progress(f"{messages:,} messages: the history generated at {ahead['end']}")
+    else:
+        now = datetime.now(UTC)
+        _progress(f"{messages:,} messages: generating")
+        generated = _generate(url, messages, days, now)
     _analyze(url)
-    results = [
-        {"step": "generate (not timed work)", "seconds": generated.seconds,
-         "rows": generated.messages + generated.attempts + generated.provider_events}
-    ]  # fmt: skip
-    full = _measure(url, str(path), True)
-    results.append({"step": f"full build {messages:,}", **full})
+    record({"step": "generate (not timed work)", "seconds": generated["seconds"],
+            "rows": generated["messages"] + generated["attempts"] + generated["provider_events"],
+            "peak_rss_mb": generated["peak_rss_mb"], "generated_ahead": bool(ahead),
+            "source_mb": _source_mb(url)})  # fmt: skip
+    record({"step": f"full build {messages:,}", **_measure(url, str(path), True)})
     for round_ in range(rounds):
         end = now + timedelta(minutes=10 * (round_ + 1))
         generate(url, messages=increment, days=0.005, end=end, seed=100 + round_,
                  steady_state=True, late_recency_days=late_recency_days)  # fmt: skip
         _analyze(url)
         step = _measure(url, str(path), False)
-        results.append({"step": f"incremental +{increment:,} #{round_ + 1}", **step})
-    nothing = _measure(url, str(path), False)
-    results.append({"step": "re-run, nothing new", **nothing})
+        record({"step": f"incremental +{increment:,} #{round_ + 1}", **step})
+    record({"step": "re-run, nothing new", **_measure(url, str(path), False)})
     return results
+
+
+def generate_ahead(messages: int, days: float, workdir: Path) -> None:
+    """Generate a SQLite history into ``workdir`` for a later run to use (and consume): the
+    generation of ten million messages can then precede the code it measures."""
+    url = f"sqlite:///{workdir / f'history_{messages}.sqlite3'}"
+    end = datetime.now(UTC)
+    generated = _generate(url, messages, days, end)
+    record = {"end": end.isoformat(), "days": days, "generated": generated}
+    _sidecar(url).write_text(json.dumps(record))
+
+
+def _sidecar(url: str) -> Path:
+    return Path(url.removeprefix("sqlite:///") + ".generated.json")
+
+
+def _generated_ahead(url: str) -> dict | None:
+    """The record of a history generated ahead into this SQLite file, taken (renamed) so a
+    second run does not take the same, no longer pristine, history."""
+    if not url.startswith("sqlite:///") or not _sidecar(url).exists():
+        return None
+    taken = _sidecar(url).rename(_sidecar(url).with_suffix(".taken"))
+    return json.loads(taken.read_text())
+
+
+def _progress(line: str) -> None:
+    print(f"[{datetime.now(UTC):%H:%M:%S}] {line}", file=sys.stderr, flush=True)
+
+
+def _source_mb(url: str) -> float | None:
+    """The application database's size on disk (SQLite file; None for PostgreSQL)."""
+    if not url.startswith("sqlite:///"):
+        return None
+    return Path(url.removeprefix("sqlite:///")).stat().st_size / 2**20
+
+
+def summarize(messages: int, backend: str, results: list[dict]) -> dict:
+    """One size's figures as the README's table gives them, over the steps (JSON-ready)."""
+    steps = {r["step"]: r for r in results}
+    generated = results[0]
+    full = steps.get(f"full build {messages:,}")
+    increments = [r for r in results if r["step"].startswith("incremental")]
+    return {
+        "messages": messages,
+        "backend": backend,
+        "generate_s": generated["seconds"],
+        "generate_peak_rss_mb": generated.get("peak_rss_mb"),
+        "full_build_visible_s": full["visible"] if full else None,
+        "full_build_peak_rss_mb": full["peak_rss_mb"] if full else None,
+        "increment_visible_s": [r["visible"] for r in increments],
+        "increment_peak_rss_mb": [r["peak_rss_mb"] for r in increments],
+        "file_mb": results[-1].get("file_mb"),
+        "steps": results,
+    }
 
 
 def _analyze(url: str) -> None:
@@ -169,7 +279,8 @@ def _print(title: str, results: list[dict]) -> None:
     for r in results:
         if "timings" not in r:
             print(f"{r['step']:<28}{'':>9}{'':>9}{'':>8}{'':>7}{'':>7}{r['seconds']:>9.2f}"
-                  f"{r['rows']:>10,}")  # fmt: skip
+                  f"{r['rows']:>10,}{'':>8}{'':>9}{r.get('peak_rss_mb') or 0:>8.0f}"
+                  f"{r.get('source_mb') or 0:>9.0f}  source database")  # fmt: skip
             continue
         t = r["timings"]
         per_row = t["visible"] / r["loaded"] * 1e6 if r["loaded"] else 0
@@ -203,7 +314,16 @@ def main(argv: list[str] | None = None) -> None:
         help="application database to load from (postgresql: a fresh database on "
         "BENCH_POSTGRES, default postgresql+psycopg://postgres@127.0.0.1:5432)",
     )
-    parser.add_argument("--phase", choices=["full", "incremental"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--phase", choices=["full", "incremental", "generate"], help=argparse.SUPPRESS
+    )
+    parser.add_argument("--end", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--generate-only",
+        action="store_true",
+        help="only generate SQLite histories into --workdir; a later run with the same "
+        "--workdir and --messages uses (and then deletes) them instead of generating",
+    )
     parser.add_argument("--database-url", help=argparse.SUPPRESS)
     parser.add_argument("--warehouse", help=argparse.SUPPRESS)
     parser.add_argument(
@@ -212,22 +332,50 @@ def main(argv: list[str] | None = None) -> None:
         help="late opens hit messages uniformly over the whole history (worst case) instead "
         "of mostly recent ones (exponential age, mean 2 days)",
     )
-    parser.add_argument("--json", action="store_true", help="print the raw results as JSON")
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="FILE",
+        help="write the results as JSON to FILE after every step (alone: print them at the end)",
+    )
     args = parser.parse_args(argv)
+    if args.phase == "generate":
+        _generate_phase(args.database_url, args.messages[0], args.days, args.end)
+        return
     if args.phase:
         _phase(args.database_url, args.warehouse, args.phase == "full")
         return
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench_analytics_"))
     workdir.mkdir(parents=True, exist_ok=True)
+    if args.generate_only:
+        for messages in args.messages:
+            generate_ahead(messages, args.days, workdir)
+        return
+    sizes: list[dict] = []
+    late = "uniform late events" if args.late_uniform else "recent late events"
     for messages in args.messages or [100_000]:
         recency = None if args.late_uniform else 2.0
+
+        def save(steps: list[dict], messages: int = messages) -> None:
+            if args.json and args.json != "-":
+                _write_json(Path(args.json), [*sizes, summarize(messages, args.backend, steps)])
+
         results = run(
-            messages, args.increment, args.rounds, args.days, workdir, args.backend, recency
-        )
-        late = "uniform late events" if args.late_uniform else "recent late events"
+            messages, args.increment, args.rounds, args.days, workdir, args.backend, recency,
+            on_step=save,
+        )  # fmt: skip
+        sizes.append(summarize(messages, args.backend, results))
         _print(f"{messages:,} messages, {args.backend}, {late}", results)
-        if args.json:
-            print(json.dumps(results, default=str))
+    if args.json == "-":
+        print(json.dumps(sizes, default=str))
+
+
+def _write_json(path: Path, sizes: list[dict]) -> None:
+    """Replace ``path`` whole: a reader (or a killed run) never sees half a file."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(sizes, indent=1, default=str) + "\n")
+    partial.replace(path)
 
 
 if __name__ == "__main__":

@@ -9,26 +9,41 @@ back: queued, sent, delivered or a bounce (hard or soft, sometimes after deliver
 machine opens (several per reader), clicks, complaints, unsubscribes, plus a few orphans that
 match no message.
 About five provider events per message with the defaults. Seeded, so runs are comparable.
-Rows are written with the database's own bulk path (sqlite3 ``executemany``; SQLAlchemy
-``insertmanyvalues`` for PostgreSQL), bypassing the send path: this measures the warehouse, not
-the sender.
+Messages are made and written a chunk at a time (100,000 by default), oldest first, so memory
+stays bounded at any size; provider events wait in numpy arrays until everything received
+before them is made, so their ids follow arrival. Rows are written with the database's own
+bulk path (``bench.history_rows``: sqlite3 ``executemany``, PostgreSQL ``COPY``), bypassing the
+send path: this measures the warehouse, not the sender.
 """
 
 import argparse
+import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
-from sqlalchemy import Engine, bindparam, func, insert, select, update
+from sqlalchemy import Engine, bindparam, event, func, select, update
 
+from bench.history_rows import (
+    EVENT_TYPES,
+    TYPE_CODE,
+    Ids,
+    Pending,
+    bulk_pragmas,
+    drop_indexes,
+    make_indexes,
+    write_attempts,
+    write_events,
+    write_messages,
+)
 from email_platform.db.engine import make_engine, upgrade
 from email_platform.db.schema import (
     dead_letters,
     email_attempts,
     email_events,
     email_messages,
-    email_outbox,
 )
 from email_platform.webhooks.vocabulary import RANK, combine
 
@@ -79,14 +94,6 @@ class Generated:
     seconds: float = 0.0
 
 
-def _ts(values: np.ndarray, sqlite: bool) -> list:
-    """datetime64[us] -> what the driver stores (SQLite: SQLAlchemy's text format)."""
-    if sqlite:
-        text = np.datetime_as_string(values, unit="us")
-        return [None if t == "NaT" else t.replace("T", " ") for t in text.tolist()]
-    return [None if np.isnat(v) else v.astype(datetime).replace(tzinfo=UTC) for v in values]
-
-
 def _next_id(engine: Engine, column) -> int:  # type: ignore[no-untyped-def]
     with engine.connect() as connection:
         return (connection.execute(select(func.max(column))).scalar() or 0) + 1
@@ -103,6 +110,8 @@ def generate(
     late_events_for_existing: int = 0,
     late_recency_days: float | None = 2.0,
     steady_state: bool = False,
+    chunk: int = 100_000,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Generated:
     """Append ``messages`` messages spread over ``days`` days ending at ``end`` (default now).
 
@@ -117,32 +126,97 @@ def generate(
     mail within days): the message's age is drawn from an exponential distribution with mean
     ``late_recency_days``; ``None`` picks messages uniformly over the whole history (the worst
     case for an incremental refresh).
+
+    Messages are made and written ``chunk`` at a time, oldest first, one transaction each, so
+    memory stays bounded at any size; a history of one chunk is the rows this seed always
+    made. ``progress(done, total)`` is called after each chunk.
     """
     started = time.perf_counter()
     engine = make_engine(database) if isinstance(database, str) else database
+    if isinstance(database, str) and engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", bulk_pragmas)
     upgrade(engine)
     rates = rates or Rates()
-    rng = np.random.default_rng(seed)
-    sqlite = engine.dialect.name == "sqlite"
     end = (end or datetime.now(UTC)).astimezone(UTC).replace(tzinfo=None)
     first_message = _next_id(engine, email_messages.c.message_id)
-    first_attempt = _next_id(engine, email_attempts.c.attempt_id)
-    first_event_row = _next_id(engine, email_events.c.email_event_id)
-    first_dead = _next_id(engine, dead_letters.c.dead_letter_id)
-    n = messages
-    us = np.timedelta64(1, "us")
-    ids = np.arange(first_message, first_message + n)
+    next_ids = Ids(
+        _next_id(engine, email_attempts.c.attempt_id),
+        _next_id(engine, email_events.c.email_event_id),
+        _next_id(engine, dead_letters.c.dead_letter_id),
+    )
+    result = Generated(messages=messages)
+    # Into empty tables, many chunks: indexes built once at the end sort instead of inserting
+    # row by row into ever bigger B-trees.
+    dropped = drop_indexes(engine) if first_message == 1 and messages > chunk else []
+    pending = Pending.empty()
     end64 = np.datetime64(end, "us")
-    occurred = end64 - (rng.random(n) * days * 86_400e6).astype(np.int64) * us
+    span_us = days * 86_400e6
+    bounds = (list(range(0, messages, max(chunk, 1))) or [0]) + [messages]
+    whole = max(messages, 1)
+    for k, (a, b) in enumerate(itertools.pairwise(bounds)):
+        last = b == messages
+        # The first chunk draws from the seed's own streams: one chunk is today's history.
+        rng = np.random.default_rng(seed if k == 0 else [seed, 2, k])
+        ulid_rng = np.random.default_rng([seed, 1] if k == 0 else [seed, 3, k])
+        window_end = end64 - np.int64(span_us * (messages - b) / whole) * US
+        made = _chunk(
+            engine, rng, ulid_rng, rates, first_message, first_message + a, b - a,
+            window_end, days * (b - a) / whole, end64, next_ids, result,
+            late=(late_events_for_existing if last else 0), steady_state=steady_state and last,
+            late_recency_days=late_recency_days, days=days,
+        )  # fmt: skip
+        # Later chunks' messages occur after this window: their events arrive after it too.
+        pending = pending.add(made)
+        ready, pending = pending.split(None if last else window_end)
+        with engine.begin() as connection:
+            result.provider_events += write_events(connection, ready, next_ids, DOMAINS)
+        if progress:
+            progress(b, messages)
+    if dropped:
+        make_indexes(engine, dropped)
+    if isinstance(database, str):
+        engine.dispose()
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+US = np.timedelta64(1, "us")
+
+
+def _chunk(
+    engine: Engine,
+    rng: np.random.Generator,
+    ulid_rng: np.random.Generator,
+    rates: Rates,
+    call_first: int,
+    first_message: int,
+    n: int,
+    window_end: np.datetime64,
+    window_days: float,
+    end64: np.datetime64,
+    next_ids: Ids,
+    result: Generated,
+    *,
+    late: int,
+    steady_state: bool,
+    late_recency_days: float | None,
+    days: float,
+) -> Pending:
+    """Make ``n`` messages occurring in the ``window_days`` before ``window_end``, write them
+    (outbox, messages, attempts, dead letters), and return their provider events (plus the
+    late ones for older messages) for the caller to write in arrival order."""
+    sqlite = engine.dialect.name == "sqlite"
+    us = US
+    ids = np.arange(first_message, first_message + n)
+    occurred = window_end - (rng.random(n) * window_days * 86_400e6).astype(np.int64) * us
     occurred.sort()
     published = occurred + rng.integers(1_000, 50_000, n) * us
     created = published + rng.integers(200_000, 4_000_000, n) * us
     shares = np.array([t[3] for t in TEMPLATES])
     template_index = rng.choice(len(TEMPLATES), n, p=shares / shares.sum())
-    domain = np.array(DOMAINS)[rng.choice(len(DOMAINS), n, p=DOMAIN_SHARES)]
+    domain = np.array(DOMAINS, dtype=object)[rng.choice(len(DOMAINS), n, p=DOMAIN_SHARES)]
     # Their own random stream: the rest of the history stays what the seed made it before.
-    event_ids = _ulids(published, np.random.default_rng([seed, 1]))
-    event_id_of = dict(zip(ids.tolist(), event_ids, strict=True))
+    ulids = _ulids(published, ulid_rng)
 
     roll = rng.random(n)
     status = np.full(n, "sent", dtype=object)
@@ -164,14 +238,18 @@ def generate(
     ev_message: list[np.ndarray] = []
     ev_type: list[np.ndarray] = []
     ev_time: list[np.ndarray] = []
-    ev_extra: list[np.ndarray] = []  # bounce type / machine flag / url marker
+    ev_extra: list[np.ndarray] = []
 
-    def add(mask: np.ndarray, kind: str, when: np.ndarray, extra: np.ndarray | None = None):
+    def add(mask: np.ndarray, kind: str, when: np.ndarray, extra: np.ndarray | int = 0) -> None:
         idx = np.flatnonzero(mask)
         ev_message.append(ids[idx])
-        ev_type.append(np.full(idx.size, kind, dtype=object))
+        ev_type.append(np.full(idx.size, TYPE_CODE[kind], dtype=np.int8))
         ev_time.append(when[idx])
-        ev_extra.append(extra[idx] if extra is not None else np.full(idx.size, None, object))
+        ev_extra.append(
+            extra[idx].astype(np.int8)
+            if isinstance(extra, np.ndarray)
+            else np.full(idx.size, extra, np.int8)
+        )
 
     add(sent, "queued", accepted + rng.integers(1_000, 50_000, n) * us)
     add(sent, "sent", accepted + rng.integers(50_000, 900_000, n) * us)  # handed to the MX
@@ -179,54 +257,46 @@ def generate(
     bounced = sent & (bounce_roll < rates.bounce)
     delivered = sent & ~bounced & (rng.random(n) < rates.delivered / (1 - rates.bounce))
     delivered_at = accepted + rng.integers(300_000, 20_000_000, n) * us
-    bounce_type = np.where(rng.random(n) < rates.hard_bounce_share, "hard", "soft").astype(object)
+    bounce_type = np.where(rng.random(n) < rates.hard_bounce_share, 1, 2)
     add(delivered, "delivered", delivered_at)
     add(bounced, "bounced", accepted + rng.integers(1_000_000, 60_000_000, n) * us, bounce_type)
     late_bounce = delivered & (rng.random(n) < rates.bounce_after_delivery)
-    add(
-        late_bounce,
-        "bounced",
-        delivered_at + rng.integers(60, 7200, n) * 1_000_000 * us,
-        bounce_type,
-    )
+    add(late_bounce, "bounced", delivered_at + rng.integers(60, 7200, n) * 1_000_000 * us,
+        bounce_type)  # fmt: skip
     machine = delivered & (rng.random(n) < rates.machine_open)
-    add(
-        machine,
-        "opened",
-        delivered_at + rng.integers(1, 30, n) * 1_000_000 * us,
-        np.full(n, True, dtype=object),
-    )
+    add(machine, "opened", delivered_at + rng.integers(1, 30, n) * 1_000_000 * us, 3)
     reader = delivered & (rng.random(n) < rates.open)
     first_open = delivered_at + (rng.exponential(3 * 3600, n) * 1e6).astype(np.int64) * us
     opens_n = np.where(reader, 1 + rng.poisson(rates.opens_per_reader - 1, n), 0)
     for k in range(int(opens_n.max(initial=0))):
         when = first_open + (k * rng.exponential(86_400, n) * 1e6).astype(np.int64) * us
-        add(opens_n > k, "opened", when, np.full(n, False, dtype=object))
+        add(opens_n > k, "opened", when, 4)
     clicker = reader & (rng.random(n) < rates.click)
     clicks_n = np.where(clicker, 1 + rng.poisson(rates.clicks_per_clicker - 1, n), 0)
     for k in range(int(clicks_n.max(initial=0))):
         when = first_open + ((30 + k * 600) * 1e6 + rng.exponential(300e6, n)).astype(np.int64) * us
-        add(clicks_n > k, "clicked", when, np.full(n, "url", dtype=object))
+        add(clicks_n > k, "clicked", when, 5)
     complained = delivered & (rng.random(n) < rates.complaint)
     add(complained, "complained", first_open + 3_600_000_000 * us)
     unsubscribed = delivered & ~complained & (rng.random(n) < rates.unsubscribe)
     add(unsubscribed, "unsubscribed", first_open + 1_800_000_000 * us)
 
-    ev_m = np.concatenate(ev_message) if ev_message else np.array([], dtype=np.int64)
-    ev_t = np.concatenate(ev_type) if ev_type else np.array([], dtype=object)
-    ev_at = np.concatenate(ev_time) if ev_time else np.array([], dtype="datetime64[us]")
-    ev_x = np.concatenate(ev_extra) if ev_extra else np.array([], dtype=object)
+    ev_m = np.concatenate(ev_message)
+    ev_t = np.concatenate(ev_type)
+    ev_at = np.concatenate(ev_time)
+    ev_x = np.concatenate(ev_extra)
     received = ev_at + rng.integers(50_000, 3_000_000, ev_at.size) * us
     arrived = received <= end64
     deferred = int(ev_at.size - arrived.sum())
+    result.deferred += deferred
     ev_m, ev_t, ev_at, ev_x, received = (a[arrived] for a in (ev_m, ev_t, ev_at, ev_x, received))
+    ev_ulid = ulids[ev_m - first_message]
     # Late engagement for messages that already existed, received over this batch's span.
-    late = late_events_for_existing + (deferred if steady_state else 0)
-    if late and first_message > 1:
+    late += result.deferred if steady_state else 0
+    if late and call_first > 1:
         late_m, late_created, late_event_ids = _late_messages(
-            engine, first_message, late, late_recency_days, end, rng
+            engine, call_first, late, late_recency_days, end64.astype(datetime), rng
         )
-        event_id_of.update(late_event_ids)
         late_received = end64 - (rng.random(late_m.size) * days * 86_400e6).astype(np.int64) * us
         # Not before the message could have been opened (a minute after it was created).
         late_received = np.maximum(late_received, late_created + 60_000_000 * us)
@@ -234,15 +304,17 @@ def generate(
         late_m, late_received = late_m[keep], late_received[keep]
         late_at = late_received - rng.integers(50_000, 3_000_000, late_m.size) * us
         ev_m = np.concatenate([ev_m, late_m])
-        ev_t = np.concatenate([ev_t, np.full(late_m.size, "opened", dtype=object)])
+        ev_t = np.concatenate([ev_t, np.full(late_m.size, TYPE_CODE["opened"], np.int8)])
         ev_at = np.concatenate([ev_at, late_at])
-        ev_x = np.concatenate([ev_x, np.full(late_m.size, False, dtype=object)])
+        ev_x = np.concatenate([ev_x, np.full(late_m.size, 4, np.int8)])
         received = np.concatenate([received, late_received])
+        late_ulids = np.array([late_event_ids[m] for m in late_m.tolist()], dtype="S26")
+        ev_ulid = np.concatenate([ev_ulid, late_ulids])
     orphan = rng.random(ev_m.size) < rates.orphan
-    order = np.argsort(received, kind="stable")
+    ev_ulid[orphan] = b""
     # Each message's delivery status as ingestion keeps it: its highest-ranked arrived event,
     # set when that event was received; late events raise older messages' status.
-    rank = np.array([RANK[t] for t in ev_t.tolist()], dtype=np.int64)
+    rank = RANKS[ev_t]
     received_us = received.astype(np.int64)
     position = ev_m - first_message
     own = ~orphan & (position >= 0)
@@ -253,138 +325,29 @@ def generate(
     status_since = np.full(n, np.iinfo(np.int64).max)
     np.minimum.at(status_since, position[reached], received_us[reached])
     # Ranks are not unique (delivered and subscribed share one): name them by the types here.
-    kinds = set(ev_t.tolist())
+    kinds = set(EVENT_TYPES[np.unique(ev_t)].tolist())
     status_names = {value: name for name, value in RANK.items() if name in kinds}
     delivery_status = np.array([status_names.get(r) for r in top.tolist()], dtype=object)
     status_at = status_since.astype("datetime64[us]")
     status_at[top == 0] = np.datetime64("NaT")
-    status_updated = _ts(status_at, sqlite)
     older = ~orphan & (position < 0)
-    raised = _raised_statuses(engine, ev_m[older], ev_t[older], received[older])
+    raised = _raised_statuses(engine, ev_m[older], EVENT_TYPES[ev_t[older]], received[older])
+    result.statuses_raised += len(raised)
 
-    template = np.array([t[0] for t in TEMPLATES], dtype=object)[template_index]
-    etype = np.array([t[1] for t in TEMPLATES], dtype=object)[template_index]
-    lane = np.array([t[2] for t in TEMPLATES], dtype=object)[template_index]
-    occurred_s, published_s, created_s = (_ts(a, sqlite) for a in (occurred, published, created))
-    updated_s = _ts(updated, sqlite)
-    accepted_s = _ts(np.where(sent, accepted, np.datetime64("NaT")), sqlite)
-    done_s = updated_s
-    ids_l, template_l, lane_l, domain_l = ids.tolist(), template.tolist(), lane.tolist(), domain
-    outbox_rows = [
-        {
-            "event_id": event_ids[i],
-            "event_type": etype[i],
-            "event_version": 2 if etype[i] == "user.signed_up" else 1,
-            "aggregate_id": f"agg_{ids_l[i]}",
-            "occurred_at": occurred_s[i],
-            "published_at": published_s[i],
-            "payload": "{}" if sqlite else {},
-            "event_metadata": "{}" if sqlite else {},
-            "lane": lane_l[i],
-            "available_at": published_s[i],
-            "status": "dead" if status[i] == "dead" else "done",
-            "resolution": status[i],
-            "claim_count": 1,
-            "request_count": 1,
-            "done_at": done_s[i],
-        }
-        for i in range(n)
-    ]
-    message_rows = [
-        {
-            "message_id": ids_l[i],
-            "event_id": event_ids[i],
-            "route": template_l[i],
-            "template": template_l[i],
-            "template_version": 1,
-            "lane": lane_l[i],
-            "recipient": f"user{ids_l[i]}@{domain_l[i]}",
-            "recipient_domain": domain_l[i],
-            "idempotency_key": f"{event_ids[i]}:{template_l[i]}",
-            "status": status[i],
-            "attempts": int(attempts_n[i]),
-            "provider": "sandbox" if tried[i] else None,
-            "provider_message_id": f"sbx_{ids_l[i]}" if sent[i] else None,
-            "created_at": created_s[i],
-            "updated_at": updated_s[i],
-            "sent_at": accepted_s[i],
-            "delivery_status": delivery_status[i],
-            "delivery_updated_at": status_updated[i] if delivery_status[i] else None,
-        }
-        for i in range(n)
-    ]
-    attempt_rows = []
-    next_attempt = first_attempt
-    attempt_start = _ts(first_attempt_at, sqlite)
-    for i in np.flatnonzero(tried).tolist():
-        k = int(attempts_n[i])
-        for j in range(k):
-            last = j == k - 1
-            outcome = "accepted" if (last and sent[i]) else ("permanent" if last else "transient")
-            attempt_rows.append(
-                {
-                    "attempt_id": next_attempt,
-                    "message_id": ids_l[i],
-                    "event_id": event_ids[i],
-                    "run_id": f"run_{ids_l[i] // 100}",
-                    "attempt_no": j + 1,
-                    "started_at": attempt_start[i],
-                    "finished_at": accepted_s[i] if last and sent[i] else attempt_start[i],
-                    "outcome": outcome,
-                    "http_status": 200
-                    if outcome == "accepted"
-                    else (503 if outcome == "transient" else 422),
-                }
-            )
-            next_attempt += 1
-    dead_rows = [
-        {
-            "dead_letter_id": first_dead + k,
-            "event_id": event_ids[i],
-            "message_id": ids_l[i],
-            "lane": lane_l[i],
-            "reason": ("provider_rejected", "retries_exhausted", "template_error")[k % 3],
-            "attempts": int(attempts_n[i]),
-            "run_id": f"run_{ids_l[i] // 100}",
-            "status": "open" if k % 4 else "discarded",
-            "created_at": updated_s[i],
-            "resolved_at": None if k % 4 else updated_s[i],
-        }
-        for k, i in enumerate(np.flatnonzero(status == "dead").tolist())
-    ]
-    ev_at_s, received_s = _ts(ev_at[order], sqlite), _ts(received[order], sqlite)
-    ev_m_l, ev_t_l, ev_x_l = ev_m[order].tolist(), ev_t[order].tolist(), ev_x[order].tolist()
-    orphan_l = orphan[order].tolist()
-    event_rows = []
-    for k in range(len(ev_m_l)):
-        m, kind, extra = ev_m_l[k], ev_t_l[k], ev_x_l[k]
-        lost = orphan_l[k]
-        event_rows.append(
-            {
-                "email_event_id": first_event_row + k,
-                "provider": "sandbox",
-                "provider_event_id": f"evt_{first_event_row + k:012d}",
-                "event_type": kind,
-                "occurred_at": ev_at_s[k],
-                "received_at": received_s[k],
-                "event_id": None if lost else event_id_of[m],
-                "message_id": None if lost else m,
-                "provider_message_id": f"sbx_{m}",
-                "recipient_domain": DOMAINS[m % len(DOMAINS)],
-                "bounce_type": extra if kind == "bounced" else None,
-                "click_url": "https://app.example.com/start" if kind == "clicked" else None,
-                "machine_open": extra if kind == "opened" else None,
-            }
-        )
     with engine.begin() as connection:
-        for table, rows in (
-            (email_outbox, outbox_rows),
-            (email_messages, message_rows),
-            (email_attempts, attempt_rows),
-            (dead_letters, dead_rows),
-            (email_events, event_rows),
-        ):
-            _bulk_insert(connection, table, rows, sqlite)
+        if not sqlite:
+            connection.exec_driver_sql("SET LOCAL TIME ZONE 'UTC'")
+        write_messages(
+            connection, sqlite, TEMPLATES, ids, ulids, occurred, published, template_index,
+            domain, status, tried, sent, attempts_n, created, updated, accepted,
+            delivery_status, status_at,
+        )  # fmt: skip
+        attempts, dead = write_attempts(
+            connection, sqlite, ids, ulids, LANE_OF[template_index], tried, sent, attempts_n,
+            first_attempt_at, accepted, next_ids,
+        )  # fmt: skip
+        result.attempts += attempts
+        result.dead_letters += dead
         if raised:
             connection.execute(
                 update(email_messages)
@@ -392,40 +355,17 @@ def generate(
                 .values(delivery_status=bindparam("s"), delivery_updated_at=bindparam("at")),
                 raised,
             )
-    if isinstance(database, str):
-        engine.dispose()
-    return Generated(
-        messages=n,
-        attempts=len(attempt_rows),
-        provider_events=len(event_rows),
-        dead_letters=len(dead_rows),
-        deferred=deferred,
-        statuses_raised=len(raised),
-        seconds=time.perf_counter() - started,
-    )
+    return Pending(ev_m, ev_t, ev_at, received, ev_x, ev_ulid)
 
 
-def _bulk_insert(connection, table, rows: list[dict], sqlite: bool) -> None:  # type: ignore[no-untyped-def]
-    if not rows:
-        return
-    names = list(rows[0])
-    if sqlite:
-        # The driver's executemany with pre-formatted values: ~10x SQLAlchemy's per-row binds.
-        raw = connection.connection.driver_connection
-        statement = (
-            f"INSERT INTO {table.name} ({', '.join(names)}) "
-            f"VALUES ({', '.join('?' for _ in names)})"
-        )
-        raw.executemany(statement, [tuple(r[k] for k in names) for r in rows])
-        return
-    for start in range(0, len(rows), 50_000):
-        connection.execute(insert(table), rows[start : start + 50_000])
+LANE_OF = np.array([t[2] for t in TEMPLATES], dtype=object)
+RANKS = np.array([RANK[t] for t in EVENT_TYPES.tolist()], dtype=np.int64)
 
 
 CROCKFORD = np.frombuffer(b"0123456789ABCDEFGHJKMNPQRSTVWXYZ", dtype=np.uint8)
 
 
-def _ulids(at: np.ndarray, rng: np.random.Generator) -> list[str]:
+def _ulids(at: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """ULIDs as the publisher makes them (``email_platform.common.ids``): the millisecond of ``at``
     in the first ten characters, then 80 random bits (from ``rng``, so a seed repeats them).
     Their first characters move with time, as real event ids' do: the warehouse's zone maps
@@ -435,7 +375,7 @@ def _ulids(at: np.ndarray, rng: np.random.Generator) -> list[str]:
     time_chars = (ms[:, None] >> shifts) & np.uint64(31)
     random_chars = rng.integers(0, 32, (ms.size, 16), dtype=np.uint64)
     codes = CROCKFORD[np.concatenate([time_chars, random_chars], axis=1)]
-    return np.ascontiguousarray(codes).view("S26").ravel().astype(str).tolist()
+    return np.ascontiguousarray(codes).view("S26").ravel()
 
 
 def _late_messages(
