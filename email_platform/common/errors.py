@@ -113,6 +113,19 @@ class DeliveryError(EmailPlatformError):
         self.code = code
 
 
+class BatchNotSentError(EmailPlatformError):
+    """A batch call that sent nothing and that one message may have caused: the provider
+    refused the request whole as invalid (400, 413, 422), or its body could not be built.
+    The dispatcher then sends the messages one a call, so only the one at fault fails
+    (invariant 9). Any other failure of a batch call may follow an acceptance, so it is each
+    message's own result, never a reason to send again (invariant 3). ``error`` is what a
+    message alone gets."""
+
+    def __init__(self, error: DeliveryError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class TransientError(DeliveryError):
     """Worth retrying: network errors, timeouts, 429 and 5xx."""
 

@@ -119,7 +119,9 @@ class BatchingProvider(Protocol):
     ``send_many`` returns one result per message, in order, and never raises for a message's
     failure: a failure of the whole call (network, timeout, non-2xx) is every message's result,
     but for a request refused whole as invalid (400, 413, 422), which one message may have
-    caused: that it raises, and the dispatcher sends the messages one a call.
+    caused, and a body it could not build: those it raises as ``BatchNotSentError`` (nothing
+    was sent), and the dispatcher sends the messages one a call. Any other raise may follow an
+    acceptance: it is each message's result, never a reason to send again.
     Only adapters whose provider honours a per-message idempotency key inside a batch batch:
     a retried call must not send what the lost answer had already accepted.
     """

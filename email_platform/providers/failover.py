@@ -20,7 +20,12 @@ from collections.abc import Iterable, Sequence
 import httpx
 
 from email_platform.common.classify import classify_exception, is_transient
-from email_platform.common.errors import ConfigurationError, DeliveryError, TransientError
+from email_platform.common.errors import (
+    BatchNotSentError,
+    ConfigurationError,
+    DeliveryError,
+    TransientError,
+)
 from email_platform.providers.base import (
     Accepted,
     BatchingProvider,
@@ -269,12 +274,13 @@ def _call_chunk(provider: EmailProvider, chunk: list[OutgoingEmail]) -> list[Res
         got: list[Result] = list(provider.send_many(chunk))
     except ConfigurationError as error:
         return [error] * len(chunk)
-    except Exception as exc:  # the adapter raised: classify, as ``attempt`` does
-        error = classify_exception(exc)
-        if is_transient(error) or len(chunk) == 1:
-            return [error] * len(chunk)
-        # Not the network: maybe one message's fault, so one call each instead.
+    except BatchNotSentError as refused:
+        # Nothing sent, maybe for one message's sake: one call each instead.
+        if len(chunk) == 1:
+            return [refused.error]
         return [one for email in chunk for one in _call_chunk(provider, [email])]
+    except Exception as exc:  # may follow an acceptance: classify, never send again
+        return [classify_exception(exc)] * len(chunk)
     if len(got) != len(chunk):
         return [
             TransientError(

@@ -18,7 +18,12 @@ from typing import Any
 import httpx
 
 from email_platform.common.classify import classify_exception, classify_response
-from email_platform.common.errors import DeliveryError, PermanentError, TransientError
+from email_platform.common.errors import (
+    BatchNotSentError,
+    DeliveryError,
+    PermanentError,
+    TransientError,
+)
 from email_platform.providers.async_http import OriginPool, checked, encode
 from email_platform.providers.base import Accepted, OutgoingEmail, RateLimiter, header_problem
 
@@ -107,10 +112,13 @@ class HttpProvider:
         """One call for ``emails``, when ``batch_max`` > 1."""
         raise NotImplementedError
 
-    def batch_results(
-        self, response: httpx.Response, emails: Sequence[OutgoingEmail]
-    ) -> list[Accepted | DeliveryError]:
-        """Each email's outcome from a 2xx answer to a batch call, in order."""
+    def batch_entries(self, response: httpx.Response, emails: Sequence[OutgoingEmail]) -> list:
+        """Each email's entry in a 2xx answer to a batch call, in order, as ``batch_entry``
+        reads it; raises when the answer cannot be lined up with the emails."""
+        raise NotImplementedError
+
+    def batch_entry(self, entry: Any, response: httpx.Response) -> Accepted | DeliveryError:
+        """One email's outcome from its entry; raises (any error) when it cannot be read."""
         raise NotImplementedError
 
     def error_of(self, response: httpx.Response) -> tuple[str | None, str]:
@@ -159,7 +167,7 @@ class HttpProvider:
             ]
             sent = iter(self.send_many(sendable) if sendable else [])
             return [problem or next(sent) for problem in problems]
-        request = self.build_batch_request(emails)
+        request = self._batch_request(emails)
         self.limiter.acquire(len(emails))
         try:
             response = self._call(request)
@@ -178,7 +186,7 @@ class HttpProvider:
             ]
             sent = iter(await self.send_many_async(sendable) if sendable else [])
             return [problem or next(sent) for problem in problems]
-        request = self.build_batch_request(emails)
+        request = self._batch_request(emails)
         await _wait(await self.limiter.reserve_async(len(emails)))
         try:
             response = await self._call_async(request)
@@ -205,6 +213,12 @@ class HttpProvider:
             raise ValueError(f"{len(emails)} emails; {self.name} takes {self.batch_max} a call")
         return [header_problem(email) for email in emails]
 
+    def _batch_request(self, emails: Sequence[OutgoingEmail]) -> ProviderRequest:
+        try:
+            return self.build_batch_request(emails)
+        except Exception as exc:  # nothing sent: maybe one message's fault, split (invariant 9)
+            raise BatchNotSentError(classify_exception(exc)) from exc
+
     def _batch_answer(
         self, response: httpx.Response, emails: Sequence[OutgoingEmail]
     ) -> list[Accepted | DeliveryError]:
@@ -214,15 +228,27 @@ class HttpProvider:
             if refused_whole and isinstance(error, PermanentError):
                 # Maybe one message's fault: raised, the dispatcher sends them one a call, so
                 # only that one fails (invariant 9).
-                raise error
+                raise BatchNotSentError(error)
             return [error] * len(emails)
+        # A 2xx answer: any message may be accepted, so whatever its body holds, each email
+        # gets a result here and none is sent again in this attempt (invariant 3).
         try:
-            results = self.batch_results(response, emails)
-        except (ValueError, KeyError, TypeError):
+            entries = list(self.batch_entries(response, emails))
+        except Exception:  # the answer cannot be lined up with the emails: none is readable
             return [self._unreadable(response)] * len(emails)
-        if len(results) != len(emails):
+        if len(entries) != len(emails):
             return [self._unreadable(response)] * len(emails)
-        return results
+        return [self._batch_entry(entry, response) for entry in entries]
+
+    def _batch_entry(self, entry: Any, response: httpx.Response) -> Accepted | DeliveryError:
+        # One entry unreadable is that email's answer alone, as a single send's unreadable 2xx
+        # is: retried under its own key; the entries read beside it keep their outcomes.
+        try:
+            return self.batch_entry(entry, response)
+        except DeliveryError as error:
+            return error
+        except Exception:
+            return self._unreadable(response)
 
     def _call(self, request: ProviderRequest) -> httpx.Response:
         client = self._checkout()

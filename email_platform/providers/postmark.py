@@ -163,16 +163,15 @@ class PostmarkProvider(HttpProvider):
         # Not one message's fault: the dispatcher sends them one a call instead.
         raise ValueError("a Postmark batch takes template or plain messages, not both")
 
-    def batch_results(
-        self, response: httpx.Response, emails: Sequence[OutgoingEmail]
-    ) -> list[Accepted | DeliveryError]:
+    def batch_entries(self, response: httpx.Response, emails: Sequence[OutgoingEmail]) -> list:
         answers = response.json()
         if not isinstance(answers, list):
             raise TypeError(f"expected a JSON array, got {type(answers).__name__}")
-        return [self._entry(answer, response) for answer in answers]
+        return answers
 
-    def _entry(self, answer: dict, response: httpx.Response) -> Accepted | DeliveryError:
+    def batch_entry(self, entry: Any, response: httpx.Response) -> Accepted | DeliveryError:
         """One message's answer within a 200 batch answer."""
+        answer: dict = entry
         code = int(answer.get("ErrorCode", 0))
         if code == 0:
             return Accepted(str(answer["MessageID"]), response.status_code)

@@ -53,11 +53,15 @@ A 200 answer is ``{"id": "..."}``. Errors are ``{"statusCode", "name", "message"
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any, Self
+from typing import Any, Self, cast
 
 import httpx
 
-from email_platform.common.classify import classify_response, parse_retry_after
+from email_platform.common.classify import (
+    classify_exception,
+    classify_response,
+    parse_retry_after,
+)
 from email_platform.common.config import ProviderSettings
 from email_platform.common.errors import (
     ConfigurationError,
@@ -168,27 +172,33 @@ class ResendProvider(HttpProvider):
             json=[self.build_request(email).json for email in emails],
         )
 
-    def batch_results(
-        self, response: httpx.Response, emails: Sequence[OutgoingEmail]
-    ) -> list[Accepted | DeliveryError]:
+    def batch_entries(self, response: httpx.Response, emails: Sequence[OutgoingEmail]) -> list:
         body = response.json()
-        refused = {int(e["index"]): str(e.get("message") or "") for e in body.get("errors") or []}
-        ids = iter(body["data"])
-        results: list[Accepted | DeliveryError] = []
-        for index in range(len(emails)):
-            if index in refused:
-                results.append(
-                    ProviderRejectedError(
-                        f"Resend refused this batch entry: {refused[index]}",
-                        status_code=422,
-                        code="validation_error",
-                    )
-                )
-            else:
-                results.append(Accepted(str(next(ids)["id"]), response.status_code))
-        if next(ids, None) is not None:
-            raise ValueError("more ids than messages")
-        return results
+        refused: dict[int, str] = {}
+        for error in body.get("errors") or []:
+            index = int(error["index"])
+            if not 0 <= index < len(emails) or index in refused:
+                raise ValueError(f"an error names entry {index} of {len(emails)}")
+            refused[index] = str(error.get("message") or "")
+        ids = list(body["data"])
+        if len(ids) != len(emails) - len(refused):
+            # Which id is whose cannot be told: none is read (each is then unreadable).
+            raise ValueError(f"{len(ids)} ids for {len(emails) - len(refused)} sent entries")
+        sent = iter(ids)
+        return [
+            (False, refused[index]) if index in refused else (True, next(sent))
+            for index in range(len(emails))
+        ]
+
+    def batch_entry(self, entry: Any, response: httpx.Response) -> Accepted | DeliveryError:
+        sent, value = entry
+        if not sent:
+            return ProviderRejectedError(
+                f"Resend refused this batch entry: {value}",
+                status_code=422,
+                code="validation_error",
+            )
+        return Accepted(str(value["id"]), response.status_code)
 
     def send_many(self, emails: Sequence[OutgoingEmail]) -> list[Accepted | DeliveryError]:
         alone = [_alone(email) for email in emails]
@@ -213,17 +223,20 @@ class ResendProvider(HttpProvider):
             for e, a in zip(emails, alone, strict=True)
         ]
 
+    # The batch call may already be accepted: whatever one message's own call raises is that
+    # message's result, never a raise that would have the batch sent again (invariant 3).
+
     def _send_one(self, email: OutgoingEmail) -> Accepted | DeliveryError:
         try:
             return self.send(email)
-        except DeliveryError as error:
-            return error
+        except Exception as exc:
+            return _own_result(exc)
 
     async def _send_one_async(self, email: OutgoingEmail) -> Accepted | DeliveryError:
         try:
             return await self.send_async(email) if self.async_ready else self.send(email)
-        except DeliveryError as error:
-            return error
+        except Exception as exc:
+            return _own_result(exc)
 
     def error_of(self, response: httpx.Response) -> tuple[str | None, str]:
         try:
@@ -260,6 +273,14 @@ class ResendProvider(HttpProvider):
             message=f"{name}: {message}" if name else message,
             retry_after_cap_s=self.retry_after_cap_s,
         )
+
+
+def _own_result(exc: Exception) -> Accepted | DeliveryError:
+    # A wrong setting stays a ConfigurationError (never dead-lettered): the dispatcher passes
+    # it on as this message's result, as ``attempt`` does.
+    if isinstance(exc, ConfigurationError):
+        return cast(DeliveryError, exc)
+    return classify_exception(exc)
 
 
 def _alone(email: OutgoingEmail) -> bool:

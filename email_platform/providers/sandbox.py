@@ -110,27 +110,22 @@ class SandboxProvider(HttpProvider):
             },
         )
 
-    def batch_results(
-        self, response: httpx.Response, emails: Sequence[OutgoingEmail]
-    ) -> list[Accepted | DeliveryError]:
-        results: list[Accepted | DeliveryError] = []
-        for result in response.json()["results"]:
-            status = int(result["status"])
-            if 200 <= status < 300:
-                results.append(Accepted(str(result["id"]), status))
-                continue
-            error = result.get("error") or {}
-            retry_after = result.get("retry_after")
-            results.append(
-                classify_response(
-                    status,
-                    {"Retry-After": str(retry_after)} if retry_after is not None else {},
-                    code=error.get("code"),
-                    message=error.get("message") or error.get("code") or "",
-                    retry_after_cap_s=self.retry_after_cap_s,
-                )
-            )
-        return results
+    def batch_entries(self, response: httpx.Response, emails: Sequence[OutgoingEmail]) -> list:
+        return list(response.json()["results"])
+
+    def batch_entry(self, entry: Any, response: httpx.Response) -> Accepted | DeliveryError:
+        status = int(entry["status"])
+        if 200 <= status < 300:
+            return Accepted(str(entry["id"]), status)
+        error = entry.get("error") or {}
+        retry_after = entry.get("retry_after")
+        return classify_response(
+            status,
+            {"Retry-After": str(retry_after)} if retry_after is not None else {},
+            code=error.get("code"),
+            message=error.get("message") or error.get("code") or "",
+            retry_after_cap_s=self.retry_after_cap_s,
+        )
 
     def error_of(self, response: httpx.Response) -> tuple[str | None, str]:
         try:

@@ -20,7 +20,7 @@ from queue import Empty, SimpleQueue
 from typing import Any, cast
 
 from email_platform.common.classify import classify_exception, is_transient
-from email_platform.common.errors import ConfigurationError, TransientError
+from email_platform.common.errors import BatchNotSentError, ConfigurationError, TransientError
 from email_platform.common.timeutil import utcnow
 from email_platform.observability import tracing
 from email_platform.providers.async_http import new_event_loop
@@ -441,21 +441,24 @@ def attempt(provider: EmailProvider, email: OutgoingEmail) -> Result:
 def attempt_many(provider: EmailProvider, emails: list[OutgoingEmail]) -> Sequence[Result]:
     """Several messages in one call: one answer each, or the call's failure for each.
 
-    A call that fails transiently (the network, a timeout) is each message's transient
-    failure, retried under its own key. One that raises for any other reason may have been
-    caused by a single message (text the adapter cannot encode, a value it chokes on), so the
-    messages are then sent one per call: only the one that fails alone is failed.
+    A call that fails as a whole (the network, a timeout, an error after the call) is each
+    message's failure, retried under its own key: the provider may have accepted them, so
+    nothing is sent again here. Only a call that sent nothing and may have been refused for a
+    single message (``BatchNotSentError``: a request refused whole as invalid, a body the
+    adapter could not build) is sent again, one message per call: only the one that fails
+    alone is failed.
     """
     assert isinstance(provider, BatchingProvider)
     try:
         results = provider.send_many(emails)
     except ConfigurationError as error:
         return [error] * len(emails)
-    except Exception as exc:  # as in ``attempt``, but never one message's fault for all
-        error = classify_exception(exc)
-        if is_transient(error) or len(emails) == 1:
-            return [error] * len(emails)
+    except BatchNotSentError as refused:
+        if len(emails) == 1:
+            return [refused.error]
         return [one for email in emails for one in attempt_many(provider, [email])]
+    except Exception as exc:  # may follow an acceptance: each message's result, none re-sent
+        return [classify_exception(exc)] * len(emails)
     if len(results) != len(emails):
         error = TransientError(
             f"{len(results)} answers to {len(emails)} messages", code="unreadable_response"
@@ -477,19 +480,20 @@ async def attempt_async(provider: EmailProvider, email: OutgoingEmail) -> Result
 async def attempt_many_async(
     provider: EmailProvider, emails: list[OutgoingEmail]
 ) -> Sequence[Result]:
-    """``attempt_many`` on the event loop: a call that fails for another reason than the
-    network is split into one call per message, so only the message at fault fails."""
+    """``attempt_many`` on the event loop: a call refused whole that sent nothing is split
+    into one call per message, so only the message at fault fails."""
     try:
         # No isinstance check per call: a runtime Protocol check costs more than the call's
         # own bookkeeping; ``_awaits`` checked once per batch.
         results = await cast(AsyncProvider, provider).send_many_async(emails)
     except ConfigurationError as error:
         return [error] * len(emails)
-    except Exception as exc:
-        error = classify_exception(exc)
-        if is_transient(error) or len(emails) == 1:
-            return [error] * len(emails)
+    except BatchNotSentError as refused:
+        if len(emails) == 1:
+            return [refused.error]
         return [one for email in emails for one in await attempt_many_async(provider, [email])]
+    except Exception as exc:  # may follow an acceptance: each message's result, none re-sent
+        return [classify_exception(exc)] * len(emails)
     if len(results) != len(emails):
         error = TransientError(
             f"{len(results)} answers to {len(emails)} messages", code="unreadable_response"

@@ -165,6 +165,71 @@ def test_a_whole_batch_refused_is_sent_one_a_call_so_only_the_culprit_fails():
     assert len(seen) == 4  # the batch, then each message alone
 
 
+def _batch_answered(body):  # type: ignore[no-untyped-def]
+    """Paths called; the batch call answered 200 with ``body``, any other call 200 OK."""
+
+    def by_path(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("batch"):
+            return httpx.Response(200, json=body)
+        return httpx.Response(200, json={"MessageID": "x", "ErrorCode": 0, "id": "x"})
+
+    return _recording(by_path=by_path)
+
+
+@pytest.mark.parametrize(
+    "cls,options,body",
+    [
+        (PostmarkProvider, {"server_token": "t"}, [None, None]),
+        (PostmarkProvider, {"server_token": "t"}, ["ok", "ok"]),
+        (PostmarkProvider, {"server_token": "t"}, {"ErrorCode": 0}),
+        (ResendProvider, {"api_key": "k"}, [{"id": "a"}, {"id": "b"}]),
+        (ResendProvider, {"api_key": "k"}, {"data": []}),
+        (ResendProvider, {"api_key": "k"}, {"data": [{"id": "a"}], "errors": [{"index": 7}]}),
+    ],
+)
+def test_a_200_batch_answer_that_cannot_be_read_sends_nothing_again(cls, options, body):  # type: ignore[no-untyped-def]
+    """Invariant 3: answered 200, the batch's messages may be accepted; an answer we cannot
+    read is each message's transient failure (retried under its key), never a second call."""
+    seen, transport = _batch_answered(body)
+    provider = cls(batch_max=2, transport=transport, **options)
+    results = attempt_many(provider, [_email(1), _email(2)])
+    assert len(seen) == 1, [r.url.path for r in seen]
+    assert all(isinstance(r, TransientError) for r in results), results
+    assert {r.code for r in results} == {"unreadable_response"}  # type: ignore[union-attr]
+
+
+def test_one_unreadable_entry_leaves_the_entries_read_beside_it_accepted():
+    """Invariant 3: entry 0 was accepted with its id; retrying it would send it twice (Postmark
+    has no key). Only the entry without a MessageID is unreadable, as a single send's is."""
+    body = [{"ErrorCode": 0, "MessageID": "a"}, {"ErrorCode": 0}, None]
+    seen, transport = _batch_answered(body)
+    provider = PostmarkProvider(server_token="t", batch_max=3, transport=transport)
+    first, second, third = attempt_many(provider, [_email(1), _email(2), _email(3)])
+    assert first == Accepted("a", 200)
+    for unread in (second, third):
+        assert isinstance(unread, TransientError) and unread.code == "unreadable_response"
+    assert len(seen) == 1
+
+
+def test_resend_an_attachment_call_that_raises_does_not_send_the_batch_again():
+    """The batch call accepted messages 1 and 2; the attachment message's own call raising
+    (any error, a database error of the shared limiter included) is that message's result."""
+    attached = _email(3, attachments=(Attachment("a.txt", "text/plain", b"x"),))
+
+    def by_path(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/emails/batch":
+            count = len(json.loads(request.content))
+            return httpx.Response(200, json={"data": [{"id": f"id{i}"} for i in range(count)]})
+        raise ValueError("the adapter chokes on this one message")
+
+    seen, transport = _recording(by_path=by_path)
+    provider = ResendProvider(api_key="k", batch_max=3, transport=transport)
+    results = attempt_many(provider, [_email(1), _email(2), attached])
+    assert [r.url.path for r in seen] == ["/emails/batch", "/emails"]
+    assert results[:2] == [Accepted("id0", 200), Accepted("id1", 200)]
+    assert isinstance(results[2], PermanentError) and "ValueError" in str(results[2])
+
+
 def test_batch_max_is_read_from_the_environment_and_checked():
     env = {"EMAIL_PLATFORM_POSTMARK_API_KEY": "t", "EMAIL_PLATFORM_POSTMARK_BATCH_MAX": "500"}
     provider = open_provider(ProviderSettings.from_env(env, provider="postmark"), max_connections=1)
