@@ -22,6 +22,7 @@ make per second, hence a table of our own (docs/rate-limits.md).
 """
 
 import asyncio
+import logging
 import math
 import threading
 import time
@@ -30,10 +31,18 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from email_platform.common.errors import ConfigurationError, TransientError
 from email_platform.common.lanes import LaneConfig
 from email_platform.store import provider_rates
+
+log = logging.getLogger(__name__)
+
+#: The database failing (down, a connection cut, a deadlock, no free connection): not the
+#: message's fault, so a grant that meets one is each message's transient failure.
+STORE_ERRORS = (OperationalError, InterfaceError, PoolTimeoutError)
 
 #: Longest run of slots one grant hands a sender, in seconds of its rate.
 MAX_SPAN_S = 0.5
@@ -175,8 +184,13 @@ class SharedRateLimiter:
             if until <= self._held_until:
                 return  # this sender already wrote as long a hold
             self._held_until = until
-        with self.engine.begin() as connection:
-            provider_rates.hold(connection, self.plan.provider, until=until, now=now)
+        try:
+            with self.engine.begin() as connection:
+                provider_rates.hold(connection, self.plan.provider, until=until, now=now)
+        except STORE_ERRORS as exc:
+            # The answers are already each message's own; a hold not written only slows the
+            # other senders later (their own 429s hold them), never loses an answer.
+            log.warning("could not hold %s's shared rate: %s", self.plan.provider, exc)
 
     def close(self) -> None:
         """Give back the last grant's unused slots if no one was granted after them."""
@@ -188,10 +202,13 @@ class SharedRateLimiter:
         if last is None or not unused or last[2][2] <= 0:
             return
         bucket, granted_until, slots = last
-        with self.engine.begin() as connection:
-            provider_rates.give_back(
-                connection, bucket, granted_until=granted_until, unused_from=slots[0]
-            )
+        try:
+            with self.engine.begin() as connection:
+                provider_rates.give_back(
+                    connection, bucket, granted_until=granted_until, unused_from=slots[0]
+                )
+        except STORE_ERRORS as exc:  # unused slots only go to waste
+            log.warning("could not give back %s's unused slots: %s", bucket, exc)
 
     # ---- local slots -----------------------------------------------------------------------
 
@@ -230,6 +247,15 @@ class SharedRateLimiter:
         count = max(need, self._chunk)
         self._chunk = min(self.max_chunk, self._chunk * 2)
         self._granted_at = now
+        try:
+            self._grant_from_store(count, now)
+        except STORE_ERRORS as exc:
+            raise TransientError(
+                f"the shared rate's database failed: {type(exc).__name__}", code="rate_store"
+            ) from exc
+        self.grants += 1
+
+    def _grant_from_store(self, count: int, now: float) -> None:
         chains = self.plan.chains
         with self.engine.begin() as connection:
             if len(chains) == 1 and len(chains[0]) == 1:
@@ -242,7 +268,6 @@ class SharedRateLimiter:
                 first, step = _take_chain(connection, chains, count, now)
                 self._slots.append([first, step, count])
                 self._last = None
-        self.grants += 1
 
 
 def _take_one(connection: Connection, bucket: str, count: int, per_s: float, now: float) -> float:

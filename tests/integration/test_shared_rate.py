@@ -12,12 +12,16 @@ import dataclasses
 
 import httpx
 import pytest
+from sqlalchemy import create_engine
 
 from email_platform.common.errors import ConfigurationError, TransientError
-from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, LANES
+from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, LANES, Lane
+from email_platform.providers.base import OutgoingEmail
+from email_platform.providers.postmark import PostmarkProvider
 from email_platform.resources import EmailProviderResource, LanePolicy
 from email_platform.sandbox.server import SandboxConfig, SandboxServer
-from email_platform.sending.shared_rate import LATE_S, SharedRateLimiter, plan_for
+from email_platform.sending.dispatch import attempt, attempt_many
+from email_platform.sending.shared_rate import LATE_S, SharedRateLimiter, install, plan_for
 from email_platform.store import provider_rates
 from tests.rate_support import drain, most_in_window
 from tests.support import publish_across_lanes, run_send, signup
@@ -39,6 +43,21 @@ def _lanes(**changes):  # type: ignore[no-untyped-def]
         dataclasses.replace(DEFAULT_LANE_CONFIGS[lane], **changes.get(lane.value, {}))
         for lane in LANES
     ]
+
+
+def _outgoing(n: int) -> OutgoingEmail:
+    return OutgoingEmail(
+        message_id=n,
+        event_id=f"01JDQ5Z3K8M9N0P1Q2R3S4T5V{n}",
+        idempotency_key=f"01JDQ5Z3K8M9N0P1Q2R3S4T5V{n}:welcome",
+        sender="Example <no-reply@example.com>",
+        to=f"receiver{n}@example.com",
+        subject="Welcome",
+        text="Hello",
+        html=None,
+        template="welcome",
+        lane="bulk",
+    )
 
 
 def _limiter(engine, lane: str, clock, rate: float = RATE, **lane_changes):  # type: ignore[no-untyped-def]
@@ -180,3 +199,43 @@ def test_the_send_job_takes_its_slots_from_the_shared_rate(engine, database_url,
     # The pool's row moved on by the five slots the run took (and gave back none it used).
     assert set(buckets) == {"sandbox"}
     assert buckets["sandbox"][0] > 0
+
+
+def _limited_postmark(batch_max: int):  # type: ignore[no-untyped-def]
+    """A Postmark adapter whose shared rate lives in a database that is down (nothing listens
+    on port 1), and the paths it calls."""
+    calls: list[str] = []
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        return httpx.Response(200, json={"MessageID": "x", "ErrorCode": 0})
+
+    provider = PostmarkProvider(
+        server_token="t", batch_max=batch_max, transport=httpx.MockTransport(respond)
+    )
+    lanes = _lanes()
+    plan = plan_for("postmark", RATE, DEFAULT_LANE_CONFIGS[Lane.BULK], lanes)
+    assert plan is not None
+    down = create_engine("postgresql+psycopg://postgres@127.0.0.1:1/x")
+    install(provider, SharedRateLimiter(down, plan))
+    return calls, provider
+
+
+@pytest.mark.parametrize("batch_max", [1, 2])
+def test_a_grant_the_database_cannot_make_is_each_messages_transient_failure(batch_max):
+    """Invariants 2 and 4: the rate's database failing is not the message's fault, so it is
+    retried, never a dead letter; and nothing goes out without its slot."""
+    calls, provider = _limited_postmark(batch_max)
+    emails = [_outgoing(1), _outgoing(2)]
+    if batch_max == 1:
+        results = [attempt(provider, email) for email in emails]
+    else:
+        results = list(attempt_many(provider, emails))
+    assert calls == []
+    for result in results:
+        assert isinstance(result, TransientError), repr(result)
+        assert result.code == "rate_store"
+    # A 429's hold and close() that cannot reach the database do not raise either.
+    limiter = provider.limiter
+    limiter.observe([TransientError("HTTP 429", status_code=429, retry_after_s=1.0)])
+    limiter.close()
