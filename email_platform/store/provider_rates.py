@@ -71,14 +71,22 @@ def starts(connection: Connection, buckets: Sequence[str], *, now: float) -> dic
 def hold(connection: Connection, provider: str, *, until: float, now: float) -> None:
     """Every bucket of ``provider`` hands out nothing before ``until`` (a provider's 429)."""
     ensure(connection, [provider], now=now)
+    of_provider = or_(
+        provider_rates.c.bucket == provider,
+        provider_rates.c.bucket.startswith(provider + ":", autoescape=True),
+    )
+    # Lock the rows in name order first, as ``starts`` does: one UPDATE locks them in the
+    # order it finds them on disk, and a grant holding one while waiting for another would
+    # deadlock with it on PostgreSQL.
+    connection.execute(
+        select(provider_rates.c.bucket)
+        .where(of_provider)
+        .order_by(provider_rates.c.bucket)
+        .with_for_update()
+    ).all()
     connection.execute(
         update(provider_rates)
-        .where(
-            or_(
-                provider_rates.c.bucket == provider,
-                provider_rates.c.bucket.startswith(provider + ":", autoescape=True),
-            )
-        )
+        .where(of_provider)
         .values(held_until=_greatest(connection, provider_rates.c.held_until, until))
     )
 

@@ -9,13 +9,16 @@ only makes them slower.
 """
 
 import dataclasses
+import threading
+import time
 
 import httpx
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, text
 
 from email_platform.common.errors import ConfigurationError, TransientError
 from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, LANES, Lane
+from email_platform.db.engine import make_engine
 from email_platform.providers.base import OutgoingEmail
 from email_platform.providers.postmark import PostmarkProvider
 from email_platform.resources import EmailProviderResource, LanePolicy
@@ -239,3 +242,58 @@ def test_a_grant_the_database_cannot_make_is_each_messages_transient_failure(bat
     limiter = provider.limiter
     limiter.observe([TransientError("HTTP 429", status_code=429, retry_after_s=1.0)])
     limiter.close()
+
+
+def test_a_429_hold_locks_the_providers_rows_in_name_order_as_grants_do(pg_app_url):
+    """PostgreSQL: a hold that locked the rows in disk order (one UPDATE) while a grant locks
+    them in name order (``starts``) could deadlock with it. Here a grant holds the first row
+    by name; the hold waiting for it must hold no other row meanwhile."""
+    engine = make_engine(pg_app_url)
+    buckets = ["postmark", "postmark:reserved:bulk"]
+    with engine.begin() as connection:
+        provider_rates.ensure(connection, buckets, now=0.0)
+        # A grant from the pool writes "postmark"'s row anew, after the reserve's on its page.
+        provider_rates.take(connection, "postmark", count=1, per_s=10, now=0.0)
+    pid: list[int] = []
+    errors: list[BaseException] = []
+
+    def hold() -> None:
+        try:
+            with engine.begin() as connection:
+                pid.append(connection.execute(text("SELECT pg_backend_pid()")).scalar_one())
+                provider_rates.hold(connection, "postmark", until=99.0, now=1.0)
+        except BaseException as exc:
+            errors.append(exc)
+
+    grant = engine.connect()
+    try:
+        with grant.begin():
+            provider_rates.starts(grant, ["postmark"], now=1.0)
+            thread = threading.Thread(target=hold)
+            thread.start()
+            deadline = time.monotonic() + 60
+            waiting = None
+            while waiting != "Lock" and time.monotonic() < deadline:
+                # A connection per look: pg_stat_activity is read once per transaction.
+                with engine.connect() as probe:
+                    waiting = probe.execute(
+                        text("SELECT wait_event_type FROM pg_stat_activity WHERE pid = :pid"),
+                        {"pid": pid[0] if pid else -1},
+                    ).scalar_one_or_none()
+                time.sleep(0.01)  # polls the event, orders nothing
+            assert waiting == "Lock", "the hold never waited for the grant's row"
+            with engine.begin() as other:
+                # Free: the hold took no row ahead of the one it waits for.
+                locked = other.execute(
+                    text("SELECT bucket FROM provider_rates WHERE bucket = :b FOR UPDATE NOWAIT"),
+                    {"b": "postmark:reserved:bulk"},
+                ).scalar_one()
+                assert locked == "postmark:reserved:bulk"
+    finally:
+        grant.close()
+    thread.join(60)
+    assert not thread.is_alive() and not errors, errors
+    with engine.connect() as connection:
+        rows = provider_rates.snapshot(connection)
+    assert {bucket: rows[bucket][1] for bucket in buckets} == dict.fromkeys(buckets, 99.0)
+    engine.dispose()
