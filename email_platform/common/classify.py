@@ -8,6 +8,7 @@ import math
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from typing import TypeGuard
 
 import httpx
 
@@ -20,6 +21,34 @@ from email_platform.common.errors import (
 from email_platform.common.timeutil import utcnow
 
 TRANSIENT_STATUS = frozenset({408, 425, 429})
+
+#: Answers that say "slow down" whatever their status: AWS's throttling codes (SES sends
+#: ``ThrottlingException`` and ``LimitExceededException`` as 400), the SendEmail ones and the
+#: AWS-wide ones botocore's retry logic treats as throttling.
+THROTTLE_CODES = frozenset(
+    {
+        "TooManyRequestsException",  # 429: sending rate exceeded
+        "LimitExceededException",  # 400: a limit was hit; botocore retries it as throttling
+        "ThrottlingException",  # 400: the common AWS throttling error
+        "Throttling",
+        "RequestLimitExceeded",
+    }
+)
+
+
+def is_throttle(error: object) -> TypeGuard[TransientError]:
+    """Whether ``error`` is a provider asking every sender to slow down: a 429, a throttling
+    code under another status, or any answer of the provider carrying ``Retry-After``.
+    Errors of our own making (no status: a circuit open, the rate's database) are not."""
+    return (
+        isinstance(error, TransientError)
+        and error.status_code is not None
+        and (
+            error.status_code == 429
+            or error.code in THROTTLE_CODES
+            or error.retry_after_s is not None
+        )
+    )
 
 
 def parse_retry_after(

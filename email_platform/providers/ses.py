@@ -56,7 +56,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials, ReadOnlyCredentials
 from botocore.session import Session as BotocoreSession
 
-from email_platform.common.classify import classify_response, parse_retry_after
+from email_platform.common.classify import THROTTLE_CODES, classify_response, parse_retry_after
 from email_platform.common.config import ProviderSettings
 from email_platform.common.errors import (
     ConfigurationError,
@@ -75,16 +75,7 @@ SIGNING_SERVICE = "ses"  # the SES v2 API is signed as "ses", though its endpoin
 DEFAULT_REGION = "us-east-1"
 
 #: Throttling and quota answers: transient whatever their status (some come as 400).
-#: The SendEmail ones, plus the AWS-wide codes botocore's retry logic treats as throttling.
-THROTTLING_CODES = frozenset(
-    {
-        "TooManyRequestsException",  # 429: sending rate exceeded
-        "LimitExceededException",  # 400: a limit was hit; botocore retries it as throttling
-        "ThrottlingException",  # 400: the common AWS throttling error
-        "Throttling",
-        "RequestLimitExceeded",
-    }
-)
+THROTTLING_CODES = THROTTLE_CODES
 #: Server-side failures that some AWS front ends report with a non-5xx status.
 SERVER_CODES = frozenset(
     {

@@ -13,9 +13,9 @@ The lanes share the provider's rate: a lane with ``rate_reserved_share`` owns th
 the other lanes draw from the pool, the rate less every reserve. A lane with
 ``rate_limit_per_s`` also takes a slot of its own bucket for each message.
 
-A 429 (or ``Retry-After``) from the provider holds every bucket of the provider until then:
-each sender drops its unused slots at once, the others at their next grant (within
-``max_span_s``).
+A 429 (or another throttling answer, or ``Retry-After``) from the provider holds every bucket
+of the provider until then: each sender drops its unused slots at once, the others at their
+next grant (within ``max_span_s``).
 
 Dagster's concurrency pools cap how many runs or ops run at once, not how many calls they
 make per second, hence a table of our own (docs/rate-limits.md).
@@ -34,6 +34,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
+from email_platform.common.classify import is_throttle
 from email_platform.common.errors import ConfigurationError, TransientError
 from email_platform.common.lanes import LaneConfig
 from email_platform.store import provider_rates
@@ -165,12 +166,9 @@ class SharedRateLimiter:
     # ---- what the send path tells it -------------------------------------------------------
 
     def observe(self, errors: Iterable[object]) -> None:
-        """Hold the provider if any of ``errors`` is its 429 (for its ``Retry-After``)."""
-        waits = [
-            error.retry_after_s
-            for error in errors
-            if isinstance(error, TransientError) and error.status_code == 429
-        ]
+        """Hold the provider if any of ``errors`` is its throttling (a 429, SES's 400
+        ``ThrottlingException``, any answer with ``Retry-After``), for its ``Retry-After``."""
+        waits = [error.retry_after_s for error in errors if is_throttle(error)]
         if waits:
             self.slow_down(max((w for w in waits if w is not None), default=None))
 

@@ -14,6 +14,7 @@ import time
 
 import httpx
 import pytest
+from botocore.credentials import Credentials
 from sqlalchemy import create_engine, text
 
 from email_platform.common.errors import ConfigurationError, TransientError
@@ -21,10 +22,17 @@ from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, LANES, Lane
 from email_platform.db.engine import make_engine
 from email_platform.providers.base import OutgoingEmail
 from email_platform.providers.postmark import PostmarkProvider
+from email_platform.providers.ses import SesProvider
 from email_platform.resources import EmailProviderResource, LanePolicy
 from email_platform.sandbox.server import SandboxConfig, SandboxServer
 from email_platform.sending.dispatch import attempt, attempt_many
-from email_platform.sending.shared_rate import LATE_S, SharedRateLimiter, install, plan_for
+from email_platform.sending.shared_rate import (
+    DEFAULT_HOLD_S,
+    LATE_S,
+    SharedRateLimiter,
+    install,
+    plan_for,
+)
 from email_platform.store import provider_rates
 from tests.rate_support import drain, most_in_window
 from tests.support import publish_across_lanes, run_send, signup
@@ -131,12 +139,38 @@ def test_a_429_seen_by_one_sender_holds_every_sender(engine):
     # The other's chunk runs out within MAX_SPAN_S; its next grant waits out the hold.
     waits = [other.reserve() for _ in range(int(RATE))]
     assert max(waits) >= 4.5
-    # A 5xx holds nobody.
+    # A 5xx without Retry-After holds nobody, nor an error of our own making.
     again = _limiter(engine, "transactional", clock)
-    again.observe([TransientError("HTTP 503", status_code=503, retry_after_s=30.0)])
+    again.observe([TransientError("HTTP 503", status_code=503)])
+    again.observe([TransientError("circuit open", code="circuit_open", retry_after_s=30.0)])
     with engine.connect() as connection:
         held = provider_rates.snapshot(connection)["sandbox"][1]
     assert held == pytest.approx(clock.now + 5.0)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        httpx.Response(400, json={"__type": "ThrottlingException", "message": "Rate exceeded"}),
+        httpx.Response(400, json={"__type": "LimitExceededException", "message": "Slow down"}),
+        httpx.Response(503, headers={"Retry-After": "3"}, json={"__type": "ServiceUnavailable"}),
+    ],
+)
+def test_a_throttling_answer_of_any_status_holds_every_sender(engine, answer):
+    """SES throttles with HTTP 400 (ThrottlingException, LimitExceededException), and a 503
+    may say when to come back: each holds the provider as a 429 does."""
+    ses = SesProvider(
+        credentials=Credentials("AKIDEXAMPLE", "secret"),
+        transport=httpx.MockTransport(lambda request: answer),
+    )
+    error = attempt(ses, _outgoing(1))
+    ses.close()
+    assert isinstance(error, TransientError), repr(error)
+    clock = Clock()
+    _limiter(engine, "bulk", clock).observe([error])
+    with engine.connect() as connection:
+        held = provider_rates.snapshot(connection)["sandbox"][1]
+    assert held == pytest.approx(clock.now + (error.retry_after_s or DEFAULT_HOLD_S))
 
 
 def test_critical_keeps_its_share_while_bulk_takes_the_rest(engine):
