@@ -98,10 +98,26 @@ def warehouse_memory(env: Mapping[str, str] | None = None) -> str:
     return checked_memory(raw, PREFIX + "WAREHOUSE_MEMORY")
 
 
+#: Bytes per DuckDB size unit (KB = 1000 bytes, KiB = 1024).
+_UNITS = {
+    "b": 1,
+    **{unit: 1000**power for power, unit in enumerate(("kb", "mb", "gb", "tb"), 1)},
+    **{unit: 1024**power for power, unit in enumerate(("kib", "mib", "gib", "tib"), 1)},
+}
+#: Below this every query of a refresh fails out of memory; above it DuckDB cannot parse it.
+MEMORY_MIN_BYTES = 64 * 1000**2
+MEMORY_MAX_BYTES = 1000**5
+
+
 def checked_memory(value: str, name: str) -> str:
-    """``value`` if it is a DuckDB memory size (a number and a unit: 2GB, 512MiB)."""
-    if not _MEMORY.fullmatch(value.strip()):
+    """``value`` if it is a DuckDB memory size (a number and a unit: 2GB, 512MiB) from 64MB
+    to 1000TB."""
+    match = _MEMORY.fullmatch(value.strip())
+    if not match:
         raise ValueError(f"{name} must be a size such as 2GB or 512MiB, got {value!r}")
+    size = float(match[0][: match.start(2) - match.start(0)]) * _UNITS[match[2].lower()]
+    if not MEMORY_MIN_BYTES <= size <= MEMORY_MAX_BYTES:
+        raise ValueError(f"{name} must be from 64MB to 1000TB, got {value.strip()!r}")
     return value.strip()
 
 

@@ -148,9 +148,10 @@ def _refresh_locked(
     # Every refresh within the bound, the loads included (a first load of 10M messages went to
     # 5 GB with the bound set for the build alone); DuckDB spills past it next to the file.
     # An incremental refresh stays far below it.
-    connection.execute(f"SET memory_limit = {literal(memory_limit)}")
-    connection.execute(f"SET temp_directory = {literal(str(spill_path(warehouse_path)))}")
     try:
+        # Inside the try: a refused setting still closes the writer and removes the spill dir.
+        connection.execute(f"SET memory_limit = {literal(memory_limit)}")
+        connection.execute(f"SET temp_directory = {literal(str(spill_path(warehouse_path)))}")
         ensure_schema(connection)
         state = load_state(connection)
         state_deleted = int(state_value(connection, UNVACUUMED_STATE) or 0)
