@@ -169,7 +169,7 @@ class ProviderSettings:
             api_key=values.get(own + "API_KEY"),
             sender=values.get(PREFIX + "SENDER", "Example <no-reply@example.com>"),
             timeout_s=float(values.get(PREFIX + "PROVIDER_TIMEOUT_S", "10")),
-            rate_limit_per_s=float(values.get(PREFIX + "PROVIDER_RATE_LIMIT_PER_S", "0")),
+            rate_limit_per_s=_rate(values, "PROVIDER_RATE_LIMIT_PER_S"),
             options=options,
         )
 
@@ -381,6 +381,22 @@ def retention_settings(env: Mapping[str, str] | None = None) -> RetentionSetting
             values, "DAGSTER_RUN_PURGE_LIMIT", defaults.dagster_runs_per_purge
         ),
     )
+
+
+def _rate(values: Mapping[str, str], name: str) -> float:
+    """Messages a second, 0 for none: a finite number >= 0, refused naming the setting."""
+    from email_platform.common.errors import ConfigurationError
+
+    raw = values.get(PREFIX + name, "").strip() or "0"
+    try:
+        rate = float(raw)
+    except ValueError:
+        rate = math.nan
+    if not (math.isfinite(rate) and rate >= 0):
+        raise ConfigurationError(
+            f"{PREFIX}{name} must be a number of messages a second >= 0, got {raw!r}"
+        )
+    return rate
 
 
 def _positive_int(values: Mapping[str, str], name: str, default: int) -> int:

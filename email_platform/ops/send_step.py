@@ -44,9 +44,12 @@ def send_batch(
     is_reexecution = run.parent_run_id is not None
     previous_owners = [r for r in (run.parent_run_id, run.root_run_id) if r]
     provider, mirror = open_provider(context, email_provider, engine, lane, log)
-    sender = make_sender(context, lane, engine, provider, email_provider, routing, lanes=lanes)
     outcome = None
+    sender = None
     try:
+        # Inside the try: a wrong rate setting (plan_for's ConfigurationError) still closes
+        # the provider and the circuit mirror.
+        sender = make_sender(context, lane, engine, provider, email_provider, routing, lanes=lanes)
         outcome = sender.run(
             event_ids,
             run_id=context.run_id,
@@ -54,7 +57,8 @@ def send_batch(
             replay=is_reexecution,
         )
     finally:
-        sender.close()
+        if sender is not None:
+            sender.close()
         provider.close()
         # The breaker outlives an attempt that will be retried (the resource keeps it for the
         # run): its row stays until the run's last attempt.

@@ -258,23 +258,26 @@ class SharedRateLimiter:
         with self.engine.begin() as connection:
             if len(chains) == 1 and len(chains[0]) == 1:
                 ((bucket, per_s),) = chains[0]
-                first = _take_one(connection, bucket, count, per_s, now)
+                first, end = _take_one(connection, bucket, count, per_s, now)
                 slots = [first, 1 / per_s, count]
                 self._slots.append(slots)
-                self._last = (bucket, first + count / per_s, slots)
+                self._last = (bucket, end, slots)
             else:
                 first, step = _take_chain(connection, chains, count, now)
                 self._slots.append([first, step, count])
                 self._last = None
 
 
-def _take_one(connection: Connection, bucket: str, count: int, per_s: float, now: float) -> float:
-    first = provider_rates.take(connection, bucket, count=count, per_s=per_s, now=now)
-    if first is None:
+def _take_one(
+    connection: Connection, bucket: str, count: int, per_s: float, now: float
+) -> tuple[float, float]:
+    """The first slot's time and where the grant ended, as the row holds it."""
+    span = provider_rates.take_span(connection, bucket, count=count, per_s=per_s, now=now)
+    if span is None:
         provider_rates.ensure(connection, [bucket], now=now)
-        first = provider_rates.take(connection, bucket, count=count, per_s=per_s, now=now)
-        assert first is not None
-    return first
+        span = provider_rates.take_span(connection, bucket, count=count, per_s=per_s, now=now)
+        assert span is not None
+    return span
 
 
 def _take_chain(
@@ -288,7 +291,9 @@ def _take_chain(
         provider_rates.ensure(connection, [b for b in buckets if b not in starts], now=now)
         starts = provider_rates.starts(connection, buckets, now=now)
     chain = min(chains, key=lambda c: max(starts[bucket] for bucket, _ in c))
-    firsts = [_take_one(connection, bucket, count, per_s, now) for bucket, per_s in sorted(chain)]
+    firsts = [
+        _take_one(connection, bucket, count, per_s, now)[0] for bucket, per_s in sorted(chain)
+    ]
     return max(firsts), max(1 / per_s for _, per_s in chain)
 
 

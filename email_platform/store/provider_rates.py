@@ -38,6 +38,15 @@ def take(
 ) -> float | None:
     """Hand out ``count`` slots of ``bucket`` at ``per_s``; the first one's time, or None if
     the bucket has no row yet (``ensure`` it)."""
+    span = take_span(connection, bucket, count=count, per_s=per_s, now=now)
+    return None if span is None else span[0]
+
+
+def take_span(
+    connection: Connection, bucket: str, *, count: int, per_s: float, now: float
+) -> tuple[float, float] | None:
+    """``take``, with where the grant ended as the row holds it (what ``give_back`` compares
+    exactly: recomputed, the sum can differ in its last bit)."""
     start = _greatest(
         connection,
         provider_rates.c.next_slot,
@@ -50,7 +59,7 @@ def take(
         .values(next_slot=start + count / per_s)
         .returning(provider_rates.c.next_slot)
     ).one_or_none()
-    return None if row is None else row.next_slot - count / per_s
+    return None if row is None else (row.next_slot - count / per_s, row.next_slot)
 
 
 def starts(connection: Connection, buckets: Sequence[str], *, now: float) -> dict[str, float]:

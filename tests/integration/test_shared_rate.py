@@ -17,6 +17,7 @@ import pytest
 from botocore.credentials import Credentials
 from sqlalchemy import create_engine, text
 
+from email_platform.common.config import ProviderSettings
 from email_platform.common.errors import ConfigurationError, TransientError
 from email_platform.common.lanes import DEFAULT_LANE_CONFIGS, LANES, Lane
 from email_platform.db.engine import make_engine
@@ -209,6 +210,13 @@ def test_no_rate_means_no_plan_and_settings_are_checked():
         LanePolicy(overrides_json='{"bulk": {"rate_limit_per_s": -1}}').config_for("bulk")
     with pytest.raises(ConfigurationError, match="rate_reserved_share"):
         LanePolicy(overrides_json='{"bulk": {"rate_reserved_share": 1.5}}').config_for("bulk")
+    # The provider's rate is refused naming its setting, not as a bare float() ValueError.
+    for value in ("fast", "-1", "nan", "inf"):
+        env = {"EMAIL_PLATFORM_PROVIDER_RATE_LIMIT_PER_S": value}
+        with pytest.raises(ConfigurationError, match="EMAIL_PLATFORM_PROVIDER_RATE_LIMIT_PER_S"):
+            ProviderSettings.from_env(env, provider="sandbox")
+    env = {"EMAIL_PLATFORM_PROVIDER_RATE_LIMIT_PER_S": " 12.5 "}
+    assert ProviderSettings.from_env(env, provider="sandbox").rate_limit_per_s == 12.5
 
 
 @pytest.mark.parametrize("workers", [1, 4])
