@@ -13,8 +13,7 @@ import httpx
 import postmark.sync
 import resend
 
-from email_platform.common.tags import tag_value
-from email_platform.providers.base import OutgoingEmail, trace_metadata
+from email_platform.providers.base import OutgoingEmail
 from email_platform.providers.postmark import PostmarkProvider
 from email_platform.providers.resend import ResendProvider, batch_key
 from tests.integration.test_provider_sdk_conformance import (  # noqa: F401 (a fixture)
@@ -25,6 +24,7 @@ from tests.integration.test_provider_sdk_conformance import (  # noqa: F401 (a f
     assert_conformant,
     metadata,
     requests_sent,
+    resend_params,
     wire,
 )
 
@@ -97,29 +97,6 @@ def _postmark_sdk() -> Wire:
     )
 
 
-def _resend_params(email: OutgoingEmail) -> dict[str, Any]:
-    params: dict[str, Any] = {
-        "from": email.sender,
-        "to": [email.to],
-        "subject": email.subject,
-        "text": email.text,
-        "headers": dict(email.headers),
-        "tags": [
-            {"name": k, "value": tag_value(v)}
-            for k, v in {
-                "event_id": email.event_id,
-                "idempotency_key": email.idempotency_key,
-                "template": email.template,
-                "lane": email.lane,
-                **trace_metadata(email),
-            }.items()
-        ],
-    }
-    if email.html is not None:
-        params["html"] = email.html
-    return params
-
-
 def _entries(whole: Wire) -> list[Wire]:
     return [Wire(whole.method, whole.path, whole.headers, body) for body in whole.body]
 
@@ -140,7 +117,7 @@ def test_a_resend_batch_is_what_the_resend_sdk_sends(requests_sent):  # noqa: F8
     options = {"idempotency_key": batch_key(EMAILS), "batch_validation": "permissive"}
     # Only the request matters: the fixture's canned answer is a single send's.
     with mock.patch.object(resend, "api_key", KEY), contextlib.suppress(Exception):
-        resend.Batch.send([_resend_params(e) for e in EMAILS], options)  # type: ignore[arg-type,typeddict-item]
+        resend.Batch.send([resend_params(e) for e in EMAILS], options)  # type: ignore[arg-type,typeddict-item]
     (request,) = requests_sent
     sdk = wire(request.method, request.url, request.headers, request.body, RESEND_NAMES)
     assert (our.method, our.path, our.headers) == (sdk.method, sdk.path, sdk.headers)

@@ -286,7 +286,8 @@ def mailgun_sdk(email: OutgoingEmail, names: tuple, sent: list) -> Wire:
     return wire(request.method, request.url, request.headers, request.body, names)
 
 
-def resend_sdk(email: OutgoingEmail, names: tuple, sent: list) -> Wire:
+def resend_params(email: OutgoingEmail) -> dict[str, Any]:
+    """What the Resend SDK is given for ``email``: its documented ``Emails.send`` params."""
     params: dict[str, Any] = {
         "from": email.sender,
         "to": [email.to],
@@ -306,6 +307,11 @@ def resend_sdk(email: OutgoingEmail, names: tuple, sent: list) -> Wire:
     }
     if email.html is not None:
         params["html"] = email.html
+    return params
+
+
+def resend_sdk(email: OutgoingEmail, names: tuple, sent: list) -> Wire:
+    params = resend_params(email)
     with mock.patch.object(resend, "api_key", KEY):
         resend.Emails.send(params, {"idempotency_key": email.idempotency_key})  # type: ignore[arg-type,typeddict-item]
     (request,) = sent
