@@ -76,18 +76,25 @@ def writer_lock(
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def connect(path: str | os.PathLike[str], *, read_only: bool) -> duckdb.DuckDBPyConnection:
+def connect(
+    path: str | os.PathLike[str], *, read_only: bool, whole: bool = False
+) -> duckdb.DuckDBPyConnection:
+    """Open a warehouse file. A writer appends in small row groups, unless it writes the
+    tables ``whole`` (a full build, a compaction): those keep DuckDB's own size."""
     if read_only:
         connection = duckdb.connect(os.fspath(path), read_only=True)
     else:
         # The writer file is attached to an in-memory host so it can take a row group size:
         # a checkpoint rewrites the row group each table's new rows were appended to, so small
         # row groups make a refresh's checkpoint small (measured at 1M messages: 0.13-0.22 s
-        # instead of 0.15-0.9 s with DuckDB's 122,880 rows).
+        # instead of 0.15-0.9 s with DuckDB's 122,880 rows). But a checkpoint also rewrites
+        # the list of every row group of each table it writes, so the history itself is kept
+        # in DuckDB's large ones: a full build or a compaction (which merges the small ones)
+        # writes them (at 10M messages, 0.4 s of each refresh's checkpoint was that list).
         # Loads the source's scanner without hashing it first (see SCANNER_HOST_CONFIG).
         connection = duckdb.connect(config=SCANNER_HOST_CONFIG)
-        options = f"ROW_GROUP_SIZE {ROW_GROUP_ROWS}"
-        connection.execute(f"ATTACH {sql_string(os.fspath(path))} AS {WRITER_CATALOG} ({options})")
+        options = "" if whole else f" (ROW_GROUP_SIZE {ROW_GROUP_ROWS})"
+        connection.execute(f"ATTACH {sql_string(os.fspath(path))} AS {WRITER_CATALOG}{options}")
         # Loads may write rows in any order (every model query says ORDER BY where it matters):
         # measured 1.8x faster bulk loads on two cores.
         connection.execute("SET preserve_insertion_order = false")
@@ -142,7 +149,7 @@ def connect_writer(warehouse_path: Path, writer: Path, *, full: bool) -> duckdb.
     check and here (it is a former snapshot), start over from a copy of the snapshot: DuckDB's
     lock refuses the writer, so the reader's file is never written under it."""
     try:
-        return connect(writer, read_only=False)
+        return connect(writer, read_only=False, whole=full)
     except duckdb.IOException as error:
         if full or not warehouse_path.exists() or "lock" not in str(error).lower():
             raise

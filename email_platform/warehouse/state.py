@@ -101,7 +101,8 @@ def compact(path: Path) -> None:
     as they were. One transaction: a crash leaves the file as it was, still uncompacted, and
     the next refresh's publish compacts it then.
     """
-    connection = connect(path, read_only=False)
+    # DuckDB's own row group size: the vacuum merges the refreshes' small row groups into it.
+    connection = connect(path, read_only=False, whole=True)
     try:
         connection.execute("RESET max_vacuum_tasks")
         connection.execute("BEGIN TRANSACTION")

@@ -443,3 +443,40 @@ def test_funnel_totals_of_an_empty_warehouse(tmp_path):
     rates = warehouse.template_rates(tmp_path / "warehouse.duckdb")
     assert (rates.overall["messages"], rates.overall["open_rate"], rates.templates) == (0, None, [])
     assert rates.metadata_entries() == {} and rates.window == "no messages yet"
+
+
+def row_groups(path: Path, table: str) -> int:
+    return rows(path, f"SELECT count(DISTINCT row_group_id) FROM pragma_storage_info('{table}')")[
+        0
+    ][0]
+
+
+def test_the_history_stays_in_large_row_groups_and_refreshes_append_small_ones(
+    history, tmp_path, monkeypatch
+):
+    """A checkpoint rewrites the list of every row group of each table it writes: a full build
+    and a compaction keep the history in DuckDB's large row groups, so that list does not grow
+    with the history, and only refreshes append small ones (the last one is what the next
+    checkpoint rewrites). Small here means 2,048 rows: the 600 messages' ~2,500 provider
+    events would fill two."""
+    monkeypatch.setattr(files, "ROW_GROUP_ROWS", 2048)
+    monkeypatch.setattr(state, "VACUUM_SHARE", 10.0)  # compacted below, when the test says
+    path = tmp_path / "warehouse.duckdb"
+    events = "raw_email_events"
+    built = warehouse.refresh(history.url, path)
+    assert built.full_build and built.table_rows[events] > 2048
+    assert row_groups(path, events) == 1
+    for _ in range(4):
+        history.grow()
+        summary = warehouse.refresh(history.url, path)
+        assert not summary.full_build and summary.rows_loaded["email_events"] > 0
+    # Each refresh appended its own small row group.
+    assert row_groups(path, events) == 5
+    state.compact(warehouse.writer_path(path))
+    # The refreshes' small row groups merged into one large one beside the history's.
+    assert row_groups(warehouse.writer_path(path), events) == 2
+    # A warehouse started afresh (no file yet) is a full build: large row groups too.
+    fresh = tmp_path / "fresh.duckdb"
+    warehouse.refresh(history.url, fresh)
+    assert row_groups(fresh, events) == 1
+    assert_equals_a_full_build(history.url, path, tmp_path)
