@@ -105,6 +105,9 @@ def compact(path: Path) -> None:
     connection = connect(path, read_only=False, whole=True)
     try:
         connection.execute("RESET max_vacuum_tasks")
+        # Off the path to visibility, the row groups it rewrites keep the full build's FSST
+        # strings (without it a compaction grew the file it was to shrink).
+        connection.execute("RESET disabled_compression_methods")
         connection.execute("BEGIN TRANSACTION")
         for table in (*(source.raw_table for source in SOURCES), FUNNEL, FUNNEL_DAILY):
             last = f"(SELECT max(rowid) FROM {table})"

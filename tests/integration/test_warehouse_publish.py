@@ -480,3 +480,36 @@ def test_the_history_stays_in_large_row_groups_and_refreshes_append_small_ones(
     warehouse.refresh(history.url, fresh)
     assert row_groups(fresh, events) == 1
     assert_equals_a_full_build(history.url, path, tmp_path)
+
+
+def test_a_compaction_writes_what_it_rewrites_with_fsst(tmp_path):
+    """A refresh writes strings without FSST (off the path to visibility it costs nothing to
+    use it): the row groups a compaction rewrites get it back, so compacting does not grow
+    the file it is to shrink."""
+    path = tmp_path / "warehouse.duckdb"
+    connection = files.connect(path, read_only=False)
+    try:
+        state.ensure_schema(connection)
+        for table in ("email_funnel", "email_funnel_daily"):
+            connection.execute(f"CREATE TABLE {table} (message_id BIGINT)")
+        # Unique URLs sharing a prefix: FSST's case, and no dictionary's.
+        connection.execute(
+            "INSERT INTO raw_email_events (email_event_id, click_url) SELECT i, "
+            "'https://shop.example.com/orders/track?order=' || i || '&utm_source=email' "
+            "FROM range(60000) AS r(i)"
+        )
+        connection.execute("DELETE FROM raw_email_events WHERE email_event_id % 3 = 0")
+    finally:
+        connection.close()
+
+    def fsst_segments() -> int:
+        sql = (
+            "SELECT count(*) FROM pragma_storage_info('raw_email_events') "
+            "WHERE column_name = 'click_url' AND compression = 'FSST'"
+        )
+        return rows(path, sql)[0][0]
+
+    assert fsst_segments() == 0
+    state.compact(path)
+    assert fsst_segments() > 0
+    assert rows(path, "SELECT count(*) FROM raw_email_events")[0][0] == 40000
