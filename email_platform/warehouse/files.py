@@ -144,14 +144,14 @@ def literal(value: str | int | datetime | None) -> str:
 # Publishing: the next writer file, patched or copied
 
 
-def connect_writer(warehouse_path: Path, writer: Path, *, full: bool) -> duckdb.DuckDBPyConnection:
+def connect_writer(warehouse_path: Path, writer: Path, *, whole: bool) -> duckdb.DuckDBPyConnection:
     """Open the writer file read-write. If a reader in another process locked it between the
     check and here (it is a former snapshot), start over from a copy of the snapshot: DuckDB's
     lock refuses the writer, so the reader's file is never written under it."""
     try:
-        return connect(writer, read_only=False, whole=full)
+        return connect(writer, read_only=False, whole=whole)
     except duckdb.IOException as error:
-        if full or not warehouse_path.exists() or "lock" not in str(error).lower():
+        if whole or not warehouse_path.exists() or "lock" not in str(error).lower():
             raise
     copy_durably(warehouse_path, writer)
     return connect(writer, read_only=False)

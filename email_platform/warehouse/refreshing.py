@@ -140,8 +140,8 @@ def _refresh_locked(
         # or the writer file is a former snapshot an analyst still has open: continue from a
         # copy of the snapshot (it holds everything, its state included).
         copy_durably(warehouse_path, writer)
-    # A new warehouse (no writer file, no snapshot to copy) is a full build too.
-    connection = connect_writer(warehouse_path, writer, full=full or not writer.exists())
+    # A new warehouse (no writer file, no snapshot to copy) is written whole, as a full build.
+    connection = connect_writer(warehouse_path, writer, whole=full or not writer.exists())
     if full:
         # A full load writes every string once: FSST's cost (see files.connect) is paid once a
         # day for a file about a third smaller; incremental loads stay without it.

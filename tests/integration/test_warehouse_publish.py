@@ -446,9 +446,8 @@ def test_funnel_totals_of_an_empty_warehouse(tmp_path):
 
 
 def row_groups(path: Path, table: str) -> int:
-    return rows(path, f"SELECT count(DISTINCT row_group_id) FROM pragma_storage_info('{table}')")[
-        0
-    ][0]
+    sql = f"SELECT count(DISTINCT row_group_id) FROM pragma_storage_info('{table}')"
+    return rows(path, sql)[0][0]
 
 
 def test_the_history_stays_in_large_row_groups_and_refreshes_append_small_ones(
