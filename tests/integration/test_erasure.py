@@ -26,9 +26,12 @@ from email_platform import publish
 from email_platform.assets import analytics_checks, analytics_warehouse
 from email_platform.cli import main
 from email_platform.common.errors import ProviderRejectedError
+from email_platform.common.lanes import Lane
 from email_platform.common.timeutil import utcnow
 from email_platform.db import schema
 from email_platform.jobs import ingest_run_config
+from email_platform.mail.addressing import Mailbox
+from email_platform.mail.routes import Route, RouteTable, demo_routes
 from email_platform.operating.erasure import TABLES, erase
 from email_platform.providers.sandbox import SandboxProvider
 from email_platform.resources import AppDatabase, Warehouse
@@ -38,6 +41,7 @@ from tests.support import (
     dead_letters_of,
     event,
     messages_of,
+    publish_one,
     run_send,
     sandbox_messages,
     send_job_defs,
@@ -356,6 +360,63 @@ def test_erasing_an_aggregate_erases_the_addresses_it_was_mailed_to(engine, data
             connection, ["ab.person@example.com", "cd.person@example.com"]
         ) == {"ab.person@example.com": "erased"}
     assert erase(engine, aggregate_id="user-ab").total == 0
+
+
+def _invoice_routes() -> RouteTable:
+    """The demo routes plus one addressed wholly from the payload: From, Reply-To, Cc, Bcc."""
+    table = demo_routes()
+    table.routes.append(
+        Route(
+            name="invoice",
+            event_type="invoice.issued",
+            event_version=1,
+            template="receipt",
+            lane=Lane.TRANSACTIONAL,
+            header_fields=("first_name", "order_id"),
+            sender=Mailbox(address_field="seller_email"),
+            reply_to=(Mailbox(address_field="contact"),),
+            cc=(Mailbox(address_field="accountant"),),
+            bcc=(Mailbox(address_field="auditor"),),
+        )
+    )
+    table.schemas[("invoice.issued", 1)] = {"type": "object"}
+    return table
+
+
+def test_erasing_an_aggregate_leaves_the_third_parties_its_mail_copied(engine):
+    """An aggregate's events are the person's; the From, Reply-To, Cc and Bcc addresses its
+    mail carried may be anyone's (the shop, its accountant): they leave with the events'
+    payloads, but are not erased or suppressed elsewhere, where they are other people's mail."""
+    routes = _invoice_routes()
+    copied = {
+        "seller_email": "sales.ef@shop.example.com",
+        "contact": "help.ef@shop.example.com",
+        "accountant": "books.ef@example.com",
+        "auditor": "audit.ef@example.com",
+    }
+
+    def invoice(aggregate_id: str, email: str) -> str:
+        payload = {"email": email, "order_id": aggregate_id, "first_name": "E", "items": [],
+                   "total": 0.0, "currency": "EUR", **copied}  # fmt: skip
+        return publish_one(
+            engine,
+            event_type="invoice.issued",
+            aggregate_id=aggregate_id,
+            payload=payload,
+            routes=routes,
+        )
+
+    mine = invoice("user-ef", "ef.person@example.com")
+    theirs = invoice("user-gh", "gh.person@example.com")
+    report = erase(engine, aggregate_id="user-ef", routes=routes)
+    assert report.addresses == 1 and report.suppressions_added == 1
+    assert event(engine, mine).status == "cancelled"
+    assert event(engine, mine).payload == {"erased": True}
+    assert event(engine, theirs).status == "pending"
+    assert event(engine, theirs).payload["accountant"] == "books.ef@example.com"
+    with engine.connect() as connection:
+        everyone = [*copied.values(), "ef.person@example.com", "gh.person@example.com"]
+        assert suppressions.reasons_for(connection, everyone) == {"ef.person@example.com": "erased"}
 
 
 def _cli(database_url: str, tmp_path: Path, *args: str) -> tuple[int, str]:
