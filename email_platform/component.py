@@ -15,7 +15,7 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field, field_validator
 
-from email_platform.common.config import PROVIDERS
+from email_platform.common.config import MAX_TIMEOUT_S, PROVIDERS
 from email_platform.common.lanes import LANES
 from email_platform.definitions import build_definitions
 from email_platform.resources import (
@@ -44,7 +44,12 @@ class ProviderSettings(dg.Resolvable, dg.Model):
         ),
     )
     sender: str | None = Field(default=None, description="The From address.")
-    timeout_s: float | None = Field(default=None, description="Timeout of one provider call.")
+    timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_TIMEOUT_S,
+        description="Timeout of one provider call, in seconds.",
+    )
     rate_limit_per_s: float | None = Field(default=None, description="Most calls a second.")
     options: dict[str, str] = Field(
         default_factory=dict,

@@ -122,7 +122,7 @@ def checked_memory(value: str, name: str) -> str:
 
 
 def webhook_max_body_bytes(env: Mapping[str, str] | None = None) -> int:
-    return int(_env(env).get(PREFIX + "WEBHOOK_MAX_BODY_BYTES", str(1024 * 1024)))
+    return _positive_int(_env(env), "WEBHOOK_MAX_BODY_BYTES", 1024 * 1024)
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ class ProviderSettings:
             base_url=values.get(own + "BASE_URL", default_base),
             api_key=values.get(own + "API_KEY"),
             sender=values.get(PREFIX + "SENDER", "Example <no-reply@example.com>"),
-            timeout_s=float(values.get(PREFIX + "PROVIDER_TIMEOUT_S", "10")),
+            timeout_s=_seconds(values, "PROVIDER_TIMEOUT_S", 10.0),
             rate_limit_per_s=_rate(values, "PROVIDER_RATE_LIMIT_PER_S"),
             options=options,
         )
@@ -397,6 +397,29 @@ def _rate(values: Mapping[str, str], name: str) -> float:
             f"{PREFIX}{name} must be a number of messages a second >= 0, got {raw!r}"
         )
     return rate
+
+
+#: The longest provider timeout taken: anything longer is a mistyped setting.
+MAX_TIMEOUT_S = 3600.0
+
+
+def _seconds(values: Mapping[str, str], name: str, default: float) -> float:
+    """A timeout in seconds: finite, above 0 (0 would fail every call) and at most an hour."""
+    from email_platform.common.errors import ConfigurationError
+
+    raw = values.get(PREFIX + name, "").strip()
+    if not raw:
+        return default
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
+        raise ConfigurationError(
+            f"{PREFIX}{name} must be a number of seconds above 0 and at most "
+            f"{MAX_TIMEOUT_S:g}, got {raw!r}"
+        )
+    return seconds
 
 
 def _positive_int(values: Mapping[str, str], name: str, default: int) -> int:

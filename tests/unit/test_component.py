@@ -105,10 +105,12 @@ def test_the_api_key_is_read_in_the_run_and_shown_by_name(monkeypatch: pytest.Mo
         {"routes": DEMO_ROUTES, "provider": {"name": "carrier_pigeon"}},
         {"routes": DEMO_ROUTES, "lanes": {"urgent": {"batch_size": 1}}},
         {"routes": DEMO_ROUTES, "lanes": {"bulk": {"batch_sise": 1}}},
+        {"routes": DEMO_ROUTES, "provider": {"name": "sandbox", "timeout_s": 0}},
+        {"routes": DEMO_ROUTES, "provider": {"name": "sandbox", "timeout_s": 86400}},
     ],
 )
 def test_a_wrong_attribute_is_refused_when_the_definitions_load(attributes):
-    with pytest.raises(Exception, match=r"routes|provider|lane|batch_sise"):
+    with pytest.raises(Exception, match=r"routes|provider|lane|batch_sise|timeout_s"):
         EmailPlatformComponent.from_attributes_dict(attributes=attributes)
 
 

@@ -39,6 +39,8 @@ _READS = (
     re.compile(r'PREFIX\s*\+\s*"([A-Z0-9_]+)"'),  # values.get(PREFIX + "LANES")
     re.compile(r"\{PREFIX\}([A-Z0-9_]+)"),  # f"{PREFIX}EXECUTOR=..."
     re.compile(r'envvar\s*=\s*"EMAIL_PLATFORM_([A-Z0-9_]+)"'),  # click options
+    # config.py's checked readers: _seconds(values, "PROVIDER_TIMEOUT_S", 10.0)
+    re.compile(r'_(?:rate|seconds|positive_int)\(\s*\w+(?:\(\w*\))?,\s*"([A-Z0-9_]+)"'),
 )
 #: Suffixes every provider's settings are read with (``own + "BASE_URL"`` in config.py).
 _PROVIDER_READS = re.compile(r'own\s*\+\s*"([A-Z0-9_]+)"')
