@@ -2,10 +2,12 @@
 
 ``email-platform templates send-test ROUTE --to ADDRESS`` renders the route's template (with the
 payload given, else its schema's example) and hands it to the configured provider's adapter in
-this process, synchronously: no lane, no claim, no retry. It is recorded so it can be traced like
-any mail (an outbox row already ``done`` with resolution ``test``, a message with
-``is_test`` true and an attempt), and kept out of the warehouse's funnel and staging views.
-Nothing is written before the template rendered and the address passed ``publish()``'s check.
+this process, synchronously: no lane, no claim, no retry. A route on a provider template goes as
+the send path sends it, as that template's call, which the provider renders. It is recorded so
+it can be traced like any mail (an outbox row already ``done`` with resolution ``test``, a
+message with ``is_test`` true and an attempt), and kept out of the warehouse's funnel and
+staging views. Nothing is written before the template rendered and the address passed
+``publish()``'s check.
 """
 
 from collections.abc import Mapping
@@ -18,9 +20,10 @@ from email_platform.common.classify import classify_exception
 from email_platform.common.errors import DeliveryError, TransientError
 from email_platform.common.ids import new_ulid
 from email_platform.common.timeutil import utcnow
-from email_platform.mail import addressing, locales
+from email_platform.mail import addressing, locales, provider_templates
 from email_platform.mail.rendering import RenderedEmail, TemplateRenderer
 from email_platform.mail.routes import Route, RouteTable
+from email_platform.providers import templated
 from email_platform.providers.base import EmailProvider, OutgoingEmail
 from email_platform.publishing.validation import check_address, check_payload
 from email_platform.store import attempts, messages, outbox
@@ -91,7 +94,15 @@ def send_test(
     # Stored in the outbox like a published payload, so checked like one.
     data = check_payload(example_payload(routes, route) if payload is None else payload)
     data[route.recipient_field or "email"] = address
-    rendered = render_for(routes, renderer, route, data, locale)
+    # A route on a provider template goes as the send path sends it: the provider renders it.
+    hosted = route.provider_template if templated.sends_templates(provider) else None
+    call = hosted.call(data) if hosted is not None else None
+    if hosted is not None:
+        if locale:  # refused as for a local template; the provider picks its own language
+            locales.check_locale("locale", locale)
+        rendered = provider_templates.stand_in(hosted.id, hosted.recorded_version)
+    else:
+        rendered = render_for(routes, renderer, route, data, locale)
     # Addressed and with its files as the send path makes them, so the test shows the real mail.
     addressing.refuse_uncarried(provider, [route])
     addressed = addressing.address(route, data, sender)
@@ -124,7 +135,7 @@ def send_test(
             {
                 "event_id": event_id,
                 "route": route.name,
-                "template": route.template,
+                "template": rendered.template,
                 "template_version": rendered.template_version,
                 "lane": route.lane.value,
                 "recipient": address,
@@ -147,9 +158,10 @@ def send_test(
         subject=rendered.subject,
         text=rendered.text,
         html=rendered.html,
-        template=route.template,
+        template=rendered.template,
         lane=route.lane.value,
         headers={"X-Email-Event-Id": event_id, TEST_HEADER: "1"},
+        provider_template=call,
         reply_to=addressed.reply_to,
         cc=addressed.cc,
         bcc=addressed.bcc,

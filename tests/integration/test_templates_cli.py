@@ -276,3 +276,26 @@ def test_send_test_sends_the_mail_as_the_route_addresses_it_with_its_files(
     (pdf,) = seen["attachments"]
     assert pdf["content_type"] == "application/pdf"
     assert base64.b64decode(pdf["content"]).startswith(b"%PDF-1.4")
+
+
+def test_send_test_of_a_provider_template_route_sends_the_template_the_provider_renders(
+    engine: Engine, database_url: str, sandbox, tmp_path: Path
+) -> None:
+    payload = _file(tmp_path, json.dumps(SHIPPED))
+    sent = _invoke(
+        "templates", "send-test", "shipping_notice", "--to", "qa@example.com",
+        "--payload", payload, "--json", env=_send_env(database_url, sandbox.base_url),
+    )  # fmt: skip
+    assert sent.exit_code == 0, sent.output
+    event_id = json.loads(sent.output)["event_id"]
+    (seen,) = sandbox_messages(sandbox.base_url, event_id)
+    # The sandbox rendered its own live version, as for the route's real mail; the local
+    # fallback (what SMTP sends) is not what went out.
+    assert seen["subject"] == "Good news, Ana: order O-7 has shipped"
+    assert seen["metadata"]["template"] == "shipping-notice"
+    (message,) = messages_of(engine, event_id)
+    assert (message.template, message.template_version, message.status) == (
+        "shipping-notice",
+        0,
+        "sent",
+    )
