@@ -1,7 +1,9 @@
 """``cancel()``: take back an event that should no longer be sent, in the caller's transaction.
 
-Only a pending event, one no run holds, is cancelled (``store.outbox.cancels``): the cancel and
-a worker's claim exclude each other, so an event is never both cancelled and sent. An event a
+Only an event no run holds is cancelled, pending or dead (``store.outbox.cancels``): the cancel
+and a worker's claim exclude each other, so an event is never both cancelled and sent. A dead
+event's open dead letters are discarded with it, so neither ``dlq replay`` nor re-executing its
+failed run sends it afterwards. An event a
 run holds right now is reported ``in_flight`` (it may be sent; cancel again once it settles to
 learn how it ended); mail the provider accepted is reported ``already_sent`` with its messages,
 never as cancelled.
@@ -15,7 +17,7 @@ from sqlalchemy import Connection
 from email_platform.common.errors import PublishError
 from email_platform.common.timeutil import utcnow
 from email_platform.publishing import validation
-from email_platform.store import messages, outbox
+from email_platform.store import dead_letters, messages, outbox
 from email_platform.store.outbox import cancels
 
 #: The last_error of a message whose event a producer cancelled.
@@ -23,15 +25,15 @@ CANCELLED_MESSAGE_REASON = "cancelled: the producer cancelled its event"
 
 
 class CancelStatus(StrEnum):
-    #: Was pending, now cancelled: nothing of it will be sent.
+    #: Was pending (or dead, waiting for a replay), now cancelled: nothing of it will be sent.
     CANCELLED = "cancelled"
-    #: Was pending and is now cancelled, but an earlier run had already had some of its
-    #: messages accepted by the provider (``sent_messages``): those went out.
+    #: Was pending or dead and is now cancelled, but an earlier run had already had some of
+    #: its messages accepted by the provider (``sent_messages``): those went out.
     PARTLY_SENT = "partly_sent"
     #: Finished, and the provider accepted at least one of its messages (``sent_messages``).
     ALREADY_SENT = "already_sent"
-    #: Finished without a send: suppressed, expired, duplicate, unrouted, dead, cancelled or
-    #: erased before (``event_status`` and ``resolution`` say which).
+    #: Finished without a send: suppressed, expired, duplicate, unrouted, cancelled or erased
+    #: before (``event_status`` and ``resolution`` say which).
     ALREADY_FINISHED = "already_finished"
     #: A run holds it right now: it may be sent. Nothing was changed.
     IN_FLIGHT = "in_flight"
@@ -129,7 +131,7 @@ def cancel(
     assert event_id is not None
     now = utcnow()
     # The write comes first: it is the decision, and it takes SQLite's write lock at once.
-    won = cancels.cancel_if_pending(connection, event_id, now)
+    won = cancels.cancel_if_unsent(connection, event_id, now)
     state = cancels.state_of(connection, event_id)
     if state is None:
         return CancelResult(CancelStatus.UNKNOWN, event_id)
@@ -151,6 +153,16 @@ def cancel(
         pending = [m for m in rows if m.status == messages.PENDING]
         messages.cancel_pending(
             connection, [m.message_id for m in pending], now, CANCELLED_MESSAGE_REASON
+        )
+        # A dead event's letters (or a replayed one's, still open until it sends): nothing left
+        # for an operator to replay.
+        dead_letters.resolve_for_events(
+            connection,
+            [event_id],
+            status=dead_letters.DISCARDED,
+            run_id=None,
+            now=now,
+            only_without_message=False,
         )
         return replace(
             found,

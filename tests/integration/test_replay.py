@@ -133,3 +133,50 @@ def test_two_publishes_with_one_idempotency_key_send_one_mail(engine, database_u
     (seen,) = sandbox_messages(sandbox.base_url)
     assert seen["idempotency_key"] == "order-o1-paid:receipt"
     assert event(engine, ids[0]).status == "done"
+
+
+def test_a_cancelled_dead_event_is_replayed_by_neither_the_dlq_nor_a_reexecution(
+    engine, database_url, sandbox, tmp_path, monkeypatch
+):
+    from click.testing import CliRunner
+
+    from email_platform import CancelStatus, cancel
+    from email_platform.cli import main
+
+    monkeypatch.setenv("EMAIL_PLATFORM_DATABASE_URL", database_url)
+    monkeypatch.setenv("EMAIL_PLATFORM_SANDBOX_BASE_URL", sandbox.base_url)
+    monkeypatch.setenv(
+        "EMAIL_PLATFORM_LANES", '{"transactional": {"retry_delay_s": 0.01, "max_retries": 1}}'
+    )
+    keep = signup(engine, "u1", email="u1+503x2@example.com")
+    drop = signup(engine, "u2", email="u2+503x2@example.com")
+    (tmp_path / "dagster").mkdir()
+    job = reconstructable(_send_job)
+    with DagsterInstance.local_temp(str(tmp_path / "dagster")) as instance:
+        config = {
+            "ops": {
+                "send_email_batch": {"config": {"lane": "transactional", "event_ids": [keep, drop]}}
+            }
+        }
+        with execute_job(job, instance=instance, run_config=config) as failed:
+            assert not failed.success
+        assert event(engine, drop).status == "dead"
+        # The producer takes it back while it waits for an operator.
+        with engine.begin() as connection:
+            result = cancel(connection, event_id=drop)
+        assert result.status is CancelStatus.CANCELLED and result.event_status == "cancelled"
+        (letter,) = dead_letters_of(engine, drop)
+        assert letter.status == "discarded"
+        replay = CliRunner().invoke(
+            main, ["dlq", "replay", str(letter.dead_letter_id), "--url", database_url]
+        )
+        assert replay.exit_code == 0 and "no open dead letters matched" in replay.output
+        with execute_job(
+            job,
+            instance=instance,
+            reexecution_options=ReexecutionOptions.from_failure(failed.run_id, instance),
+        ) as replayed:
+            assert replayed.success
+    assert messages_of(engine, keep)[0].status == "sent"
+    assert event(engine, drop).status == "cancelled"
+    assert [m["metadata"]["event_id"] for m in sandbox_messages(sandbox.base_url)] == [keep]
