@@ -403,23 +403,27 @@ def _rate(values: Mapping[str, str], name: str) -> float:
 MAX_TIMEOUT_S = 3600.0
 
 
-def _seconds(values: Mapping[str, str], name: str, default: float) -> float:
-    """A timeout in seconds: finite, above 0 (0 would fail every call) and at most an hour."""
+def checked_timeout(value: float | str, name: str) -> float:
+    """A timeout in seconds (a number, or its text): finite, above 0 (0 would fail every call)
+    and at most ``MAX_TIMEOUT_S``; else a ``ConfigurationError`` naming ``name``."""
     from email_platform.common.errors import ConfigurationError
 
-    raw = values.get(PREFIX + name, "").strip()
-    if not raw:
-        return default
     try:
-        seconds = float(raw)
-    except ValueError:
+        seconds = float(value)
+    except (TypeError, ValueError):
         seconds = math.nan
     if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
+        shown = repr(value)
         raise ConfigurationError(
-            f"{PREFIX}{name} must be a number of seconds above 0 and at most "
-            f"{MAX_TIMEOUT_S:g}, got {raw!r}"
+            f"{name} must be a number of seconds above 0 and at most {MAX_TIMEOUT_S:g}, "
+            f"got {shown if len(shown) <= 60 else shown[:56] + '...'}"
         )
     return seconds
+
+
+def _seconds(values: Mapping[str, str], name: str, default: float) -> float:
+    raw = values.get(PREFIX + name, "").strip()
+    return checked_timeout(raw, PREFIX + name) if raw else default
 
 
 def _positive_int(values: Mapping[str, str], name: str, default: int) -> int:

@@ -1,6 +1,5 @@
 import json
 import logging
-import math
 from collections.abc import Callable
 
 from dagster import ConfigurableResource
@@ -62,7 +61,12 @@ class EmailProviderResource(ConfigurableResource):
             base_url=self.base_url or env.base_url,
             api_key=self.api_key or env.api_key,
             sender=self.sender or env.sender,
-            timeout_s=_timeout(self.timeout_s) or env.timeout_s,
+            # None or 0 leaves EMAIL_PLATFORM_PROVIDER_TIMEOUT_S.
+            timeout_s=(
+                config.checked_timeout(self.timeout_s, "timeout_s")
+                if self.timeout_s
+                else env.timeout_s
+            ),
             rate_limit_per_s=(
                 self.rate_limit_per_s if self.rate_limit_per_s is not None else env.rate_limit_per_s
             ),
@@ -157,13 +161,3 @@ def _with_options(options: dict[str, str], options_json: str | None) -> dict[str
             raise ConfigurationError("provider options must be a JSON object")
         merged.update({str(k): str(v) for k, v in extra.items()})
     return merged
-
-
-def _timeout(value: float | None) -> float | None:
-    """The resource's own ``timeout_s``: None or 0 leaves ``EMAIL_PLATFORM_PROVIDER_TIMEOUT_S``."""
-    if value and not (math.isfinite(value) and 0 < value <= config.MAX_TIMEOUT_S):
-        raise ConfigurationError(
-            f"timeout_s must be a number of seconds above 0 and at most "
-            f"{config.MAX_TIMEOUT_S:g}, got {value!r}"
-        )
-    return value

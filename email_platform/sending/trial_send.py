@@ -96,10 +96,11 @@ def send_test(
     data[route.recipient_field or "email"] = address
     # A route on a provider template goes as the send path sends it: the provider renders it.
     hosted = route.provider_template if templated.sends_templates(provider) else None
-    call = hosted.call(data) if hosted is not None else None
+    call = None
     if hosted is not None:
         if locale:  # refused as for a local template; the provider picks its own language
             locales.check_locale("locale", locale)
+        call = hosted.call(data)
         rendered = provider_templates.stand_in(hosted.id, hosted.recorded_version)
     else:
         rendered = render_for(routes, renderer, route, data, locale)

@@ -2,8 +2,13 @@
 suppressed dead letters are closed, and two publishes under one idempotency key send once.
 """
 
+from contextlib import contextmanager
+
+from click.testing import CliRunner
 from dagster import DagsterInstance, ReexecutionOptions, execute_job, reconstructable
 
+from email_platform import CancelStatus, cancel
+from email_platform.cli import main
 from email_platform.common.timeutil import utcnow
 from email_platform.operating.admin import discard_dead_letters, requeue_dead_letters
 from email_platform.publishing import publisher
@@ -26,9 +31,10 @@ def _send_job():
     return build_definitions().get_job_def("send_email_job")
 
 
-def test_reexecution_does_not_resend_a_discarded_dead_letter(
-    engine, database_url, sandbox, tmp_path, monkeypatch
-):
+@contextmanager
+def _a_failed_run(engine, database_url, sandbox, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """Two signups whose sends fail twice (one retry allowed): a send run that failed with
+    both dead-lettered. Yields the job, its instance, the failed run and the two event ids."""
     monkeypatch.setenv("EMAIL_PLATFORM_DATABASE_URL", database_url)
     monkeypatch.setenv("EMAIL_PLATFORM_SANDBOX_BASE_URL", sandbox.base_url)
     monkeypatch.setenv(
@@ -46,6 +52,14 @@ def test_reexecution_does_not_resend_a_discarded_dead_letter(
         }
         with execute_job(job, instance=instance, run_config=config) as failed:
             assert not failed.success
+        yield job, instance, failed, keep, drop
+
+
+def test_reexecution_does_not_resend_a_discarded_dead_letter(
+    engine, database_url, sandbox, tmp_path, monkeypatch
+):
+    with _a_failed_run(engine, database_url, sandbox, tmp_path, monkeypatch) as failing:
+        job, instance, failed, keep, drop = failing
         (dropped,) = dead_letters_of(engine, drop)
         assert discard_dead_letters(engine, [dropped.dead_letter_id]) == 1
         with execute_job(
@@ -138,28 +152,8 @@ def test_two_publishes_with_one_idempotency_key_send_one_mail(engine, database_u
 def test_a_cancelled_dead_event_is_replayed_by_neither_the_dlq_nor_a_reexecution(
     engine, database_url, sandbox, tmp_path, monkeypatch
 ):
-    from click.testing import CliRunner
-
-    from email_platform import CancelStatus, cancel
-    from email_platform.cli import main
-
-    monkeypatch.setenv("EMAIL_PLATFORM_DATABASE_URL", database_url)
-    monkeypatch.setenv("EMAIL_PLATFORM_SANDBOX_BASE_URL", sandbox.base_url)
-    monkeypatch.setenv(
-        "EMAIL_PLATFORM_LANES", '{"transactional": {"retry_delay_s": 0.01, "max_retries": 1}}'
-    )
-    keep = signup(engine, "u1", email="u1+503x2@example.com")
-    drop = signup(engine, "u2", email="u2+503x2@example.com")
-    (tmp_path / "dagster").mkdir()
-    job = reconstructable(_send_job)
-    with DagsterInstance.local_temp(str(tmp_path / "dagster")) as instance:
-        config = {
-            "ops": {
-                "send_email_batch": {"config": {"lane": "transactional", "event_ids": [keep, drop]}}
-            }
-        }
-        with execute_job(job, instance=instance, run_config=config) as failed:
-            assert not failed.success
+    with _a_failed_run(engine, database_url, sandbox, tmp_path, monkeypatch) as failing:
+        job, instance, failed, keep, drop = failing
         assert event(engine, drop).status == "dead"
         # The producer takes it back while it waits for an operator.
         with engine.begin() as connection:
