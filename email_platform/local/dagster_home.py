@@ -49,15 +49,19 @@ _RESERVE_NOTE = """\
 
 _POSTGRES_STORAGE = """\
 storage:
-  postgres:
-    postgres_db:
-      hostname: {hostname}
-      port: {port}
-      username: {username}
-      password: {password}
-      db_name: {db_name}
-      # psycopg 3 rejects dagster-postgres's parameterized NOTIFY; psycopg2 works.
-      scheme: postgresql+psycopg2
+  # dagster-postgres's storage, whose connections the daemon holds open (jobs/storage.py).
+  custom:
+    module: email_platform.jobs.storage
+    class: HeldPostgresStorage
+    config:
+      postgres_db:
+        hostname: {hostname}
+        port: {port}
+        username: {username}
+        password: {password}
+        db_name: {db_name}
+        # psycopg 3 rejects dagster-postgres's parameterized NOTIFY; psycopg2 works.
+        scheme: postgresql+psycopg2
 """
 
 WORKSPACE_YAML = """\

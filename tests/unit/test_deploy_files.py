@@ -349,7 +349,11 @@ def test_run_monitoring_sensors_retention_and_storage_match_deploy_dagster_yaml(
         assert purge[status] == days, status
     assert values["telemetry"]["enabled"] is instance["telemetry"]["enabled"] is False
     assert values["postgresql"]["enabled"] is False
-    scheme = instance["storage"]["postgres"]["postgres_db"]["scheme"]
+    # The chart renders dagster-postgres's own storage: the daemon there opens a connection
+    # per read and write (docs/kubernetes.md); the scheme is the same.
+    storage = instance["storage"]["custom"]
+    assert storage["class"] == "HeldPostgresStorage"
+    scheme = storage["config"]["postgres_db"]["scheme"]
     assert values["postgresql"]["postgresqlScheme"] == scheme
 
 

@@ -42,15 +42,17 @@ telemetry:
 # What bench/send.py wrote for itself before, at its default --bulk-runs 2.
 BENCH_YAML_BEFORE = """\
 storage:
-  postgres:
-    postgres_db:
-      hostname: 127.0.0.1
-      port: 5432
-      username: postgres
-      password: ""
-      db_name: bench_dagster_1
-      # psycopg 3 rejects dagster-postgres's parameterized NOTIFY; psycopg2 works.
-      scheme: postgresql+psycopg2
+  custom:
+    module: email_platform.jobs.storage
+    class: HeldPostgresStorage
+    config:
+      postgres_db:
+        hostname: 127.0.0.1
+        port: 5432
+        username: postgres
+        password: ""
+        db_name: bench_dagster_1
+        scheme: postgresql+psycopg2
 run_queue:
   max_concurrent_runs: 4
   dequeue_interval_seconds: 1
@@ -113,8 +115,13 @@ def test_the_bench_variant_is_what_the_bench_wrote_with_postgres_storage(tmp_pat
     config = yaml.safe_load(rendered)
     assert config == yaml.safe_load(BENCH_YAML_BEFORE)
     assert set(config) == {"storage", "run_queue", "run_monitoring", "sensors", "telemetry"}
-    db = config["storage"]["postgres"]["postgres_db"]
+    storage = config["storage"]["custom"]
+    assert (storage["module"], storage["class"]) == (
+        "email_platform.jobs.storage",
+        "HeldPostgresStorage",
+    )
+    db = storage["config"]["postgres_db"]
     assert db["scheme"] == "postgresql+psycopg2" and db["db_name"] == "bench_dagster_1"
     # 2 + 2 of 4 slots leave critical no reserve, so the file must not claim one.
     assert "critical always has room" not in rendered
-    assert _validated(rendered, tmp_path)["storage"]["postgres"]["postgres_db"] == db
+    assert _validated(rendered, tmp_path)["storage"]["custom"]["config"]["postgres_db"] == db
