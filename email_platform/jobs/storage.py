@@ -63,11 +63,9 @@ class HeldPostgresStorage(DagsterPostgresStorage):
         should_autocreate_tables: bool = True,
         inst_data: ConfigurableClassData | None = None,
         token_provider: Any = None,
-        *,
-        hold_connections: bool | None = None,
     ) -> None:
         super().__init__(postgres_url, should_autocreate_tables, inst_data, token_provider)
-        self.holds_connections = in_daemon() if hold_connections is None else hold_connections
+        self.holds_connections = in_daemon()
         if self.holds_connections:
             for storage in (self._run_storage, self._event_log_storage, self._schedule_storage):
                 # The attribute every dagster-postgres storage connects through (the webserver's
