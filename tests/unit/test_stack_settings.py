@@ -83,7 +83,7 @@ def test_a_password_reaches_the_dagster_storage_as_one_yaml_value(tmp_path, quot
     settings = StackSettings(tmp_path, postgres_url=f"postgresql://app:{quoted}@db:5433/x")
     text = _dagster_yaml(settings)
     for loader in (yaml.SafeLoader, getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
-        storage = yaml.load(text, Loader=loader)["storage"]["postgres"]["postgres_db"]
+        storage = yaml.load(text, Loader=loader)["storage"]["custom"]["config"]["postgres_db"]
         assert storage["password"] == password
     assert (storage["hostname"], storage["port"], storage["username"]) == ("db", 5433, "app")
     assert storage["db_name"] == "email_platform_dagster"
