@@ -80,6 +80,8 @@ class HeldPostgresStorage(DagsterPostgresStorage):
                     # A held connection the server dropped (a restart, a failover, an idle
                     # timeout) is replaced before use instead of failing a tick.
                     pool_pre_ping=True,
+                    # Named in pg_stat_activity, so an operator sees which sessions are held.
+                    connect_args={"application_name": DAEMON_PROGRAM},
                 )
 
     @classmethod
