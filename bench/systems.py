@@ -17,7 +17,8 @@ from typing import Any
 
 import httpx
 import psutil
-from sqlalchemy import Engine, create_engine, func, select, text
+from dagster import DagsterInstance, RunsFilter
+from sqlalchemy import Engine, func, select
 
 from bench.baseline_celery import CeleryConfig
 from bench.harness import (
@@ -42,6 +43,7 @@ from email_platform.local.dagster_home import (
     prepare_home,
     render_dagster_yaml,
 )
+from email_platform.sensors.analytics import RUN_TAGS as ANALYTICS_RUN_TAGS
 
 
 @dataclass
@@ -207,27 +209,13 @@ def _bulk_workers_up(engine: Engine) -> int:
         ).scalar_one()
 
 
-#: Run statuses of a run that has ended (Dagster's ``runs.status`` column).
-_ENDED = ("SUCCESS", "FAILURE", "CANCELED")
-
-
-def _first_refresh_ended(dagster_engine: Engine) -> bool:
+def _first_refresh_ended(instance: DagsterInstance) -> bool:
     """The analytics sensor's first warehouse refresh, requested as the daemon starts, has
     ended: its run's start (a process, the code location's imports) and the refresh are part
     of starting the system, not of sending. Later refreshes (at most one a
     ``EMAIL_PLATFORM_ANALYTICS_REFRESH_S``) fall in the window as they would in production."""
-    with dagster_engine.connect() as connection:
-        statuses = (
-            connection.execute(
-                text(
-                    "select r.status from runs r join run_tags t on t.run_id = r.run_id "
-                    "where t.key = 'email/job' and t.value = 'analytics'"
-                )
-            )
-            .scalars()
-            .all()
-        )
-    return bool(statuses) and all(status in _ENDED for status in statuses)
+    runs = instance.get_runs(filters=RunsFilter(tags=ANALYTICS_RUN_TAGS))
+    return bool(runs) and all(run.is_finished for run in runs)
 
 
 def run_dagster(
@@ -314,11 +302,14 @@ def run_dagster(
 
         return daemon.alive, stop, [root]
 
-    dagster_engine = create_engine(dagster_url)
+    instance_box: dict[str, DagsterInstance] = {}
 
     def warm(engine: Engine) -> bool:
-        workers_up = not workers or _bulk_workers_up(engine) >= settings.bulk_runs
-        return workers_up and _first_refresh_ended(dagster_engine)
+        if workers and _bulk_workers_up(engine) < settings.bulk_runs:
+            return False
+        if "i" not in instance_box:
+            instance_box["i"] = DagsterInstance.from_config(str(daemon_box["d"].home))
+        return _first_refresh_ended(instance_box["i"])
 
     try:
         result = _drive(
@@ -333,7 +324,8 @@ def run_dagster(
     finally:
         if "d" in daemon_box:
             daemon_box["d"].stop()
-        dagster_engine.dispose()
+        if "i" in instance_box:
+            instance_box["i"].dispose()
         drop_database(dagster_db)
     result.figures["batch_size"] = batch_size
     result.figures["in_flight"] = settings.dagster_in_flight if workers else None

@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from dagster import DagsterEventType, DagsterInstance, ExecuteInProcessResult
+from dagster import (
+    DagsterEventType,
+    DagsterInstance,
+    ExecuteInProcessResult,
+    ReexecutionOptions,
+    execute_job,
+)
 from sqlalchemy import Column, Engine, MetaData, String, Table, create_engine, insert, select, text
 from sqlalchemy.engine import URL
 
@@ -297,3 +303,15 @@ def as_loaded(table: str) -> str:
         f"SELECT r.* REPLACE ({resolved}) FROM {table} AS r "
         "LEFT JOIN raw_email_messages AS m ON m.message_id = r.message_id ORDER BY ALL"
     )
+
+
+@contextlib.contextmanager
+def reexecuted(job: Any, instance: DagsterInstance, run_id: str) -> Iterator[Any]:
+    """The failed run ``run_id`` re-executed from its failure (how an operator replays its dead
+    letters), as ``execute_job`` yields it."""
+    with execute_job(
+        job,
+        instance=instance,
+        reexecution_options=ReexecutionOptions.from_failure(run_id, instance),
+    ) as result:
+        yield result

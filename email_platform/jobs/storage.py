@@ -30,7 +30,6 @@ from dagster_postgres import DagsterPostgresStorage
 from dagster_postgres.utils import (
     create_pg_engine,
     get_token_provider_from_config,
-    pg_config,
     pg_url_from_config,
 )
 
@@ -65,8 +64,7 @@ class HeldPostgresStorage(DagsterPostgresStorage):
         token_provider: Any = None,
     ) -> None:
         super().__init__(postgres_url, should_autocreate_tables, inst_data, token_provider)
-        self.holds_connections = in_daemon()
-        if self.holds_connections:
+        if in_daemon():
             for storage in (self._run_storage, self._event_log_storage, self._schedule_storage):
                 # The attribute every dagster-postgres storage connects through (the webserver's
                 # optimize_for_webserver swaps it the same way).
@@ -85,13 +83,10 @@ class HeldPostgresStorage(DagsterPostgresStorage):
                 )
 
     @classmethod
-    def config_type(cls) -> Any:
-        return pg_config()
-
-    @classmethod
     def from_config_value(  # type: ignore[override]
         cls, inst_data: ConfigurableClassData | None, config_value: Mapping[str, Any]
     ) -> "HeldPostgresStorage":
+        """As dagster-postgres's, which builds a ``DagsterPostgresStorage`` by name."""
         return cls(
             inst_data=inst_data,
             postgres_url=pg_url_from_config(config_value),

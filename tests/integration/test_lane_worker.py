@@ -19,7 +19,6 @@ import pytest
 from dagster import (
     DagsterInstance,
     DagsterRunStatus,
-    ReexecutionOptions,
     RunsFilter,
     SensorResult,
     SkipReason,
@@ -47,6 +46,7 @@ from tests.support import (
     event,
     messages_of,
     publish_one,
+    reexecuted,
     report_failed_and_release,
     sandbox_messages,
     sandbox_stats,
@@ -736,11 +736,7 @@ def test_failed_worker_run_is_reexecuted_to_replay_its_dead_letters(
         (letter,) = dead_letters_of(engine, flaky)
         assert letter.reason == "retries_exhausted" and letter.run_id == failed.run_id
         assert event(engine, sent_before).status == "done"
-        with execute_job(
-            job,
-            instance=instance,
-            reexecution_options=ReexecutionOptions.from_failure(failed.run_id, instance),
-        ) as replayed:
+        with reexecuted(job, instance, failed.run_id) as replayed:
             assert replayed.success
             assert replayed.dagster_run.parent_run_id == failed.run_id
     (message,) = messages_of(engine, flaky)
@@ -873,11 +869,7 @@ def test_a_worker_run_with_dead_letters_is_tagged_and_reports_each_batch(
         assert {o["asset"] for o in observed} == {"email_platform/sends_transactional"}
 
         # The re-execution inherits the tag, and corrects it once it replayed the letter.
-        with execute_job(
-            reconstructable(_worker_job),
-            instance=instance,
-            reexecution_options=ReexecutionOptions.from_failure(run_id, instance),
-        ) as replayed:
+        with reexecuted(reconstructable(_worker_job), instance, run_id) as replayed:
             assert replayed.success
         assert instance.get_run_by_id(replayed.run_id).tags.get("email/dead_letters") in (None, "0")
 

@@ -5,7 +5,7 @@ suppressed dead letters are closed, and two publishes under one idempotency key 
 from contextlib import contextmanager
 
 from click.testing import CliRunner
-from dagster import DagsterInstance, ReexecutionOptions, execute_job, reconstructable
+from dagster import DagsterInstance, execute_job, reconstructable
 
 from email_platform import CancelStatus, cancel
 from email_platform.cli import main
@@ -18,6 +18,7 @@ from tests.support import (
     dead_letters_of,
     event,
     messages_of,
+    reexecuted,
     routes_ahead,
     run_send,
     sandbox_messages,
@@ -62,11 +63,7 @@ def test_reexecution_does_not_resend_a_discarded_dead_letter(
         job, instance, failed, keep, drop = failing
         (dropped,) = dead_letters_of(engine, drop)
         assert discard_dead_letters(engine, [dropped.dead_letter_id]) == 1
-        with execute_job(
-            job,
-            instance=instance,
-            reexecution_options=ReexecutionOptions.from_failure(failed.run_id, instance),
-        ) as replayed:
+        with reexecuted(job, instance, failed.run_id) as replayed:
             assert replayed.success
     assert messages_of(engine, keep)[0].status == "sent"
     assert messages_of(engine, drop)[0].status == "dead"
@@ -165,11 +162,7 @@ def test_a_cancelled_dead_event_is_replayed_by_neither_the_dlq_nor_a_reexecution
             main, ["dlq", "replay", str(letter.dead_letter_id), "--url", database_url]
         )
         assert replay.exit_code == 0 and "no open dead letters matched" in replay.output
-        with execute_job(
-            job,
-            instance=instance,
-            reexecution_options=ReexecutionOptions.from_failure(failed.run_id, instance),
-        ) as replayed:
+        with reexecuted(job, instance, failed.run_id) as replayed:
             assert replayed.success
     assert messages_of(engine, keep)[0].status == "sent"
     assert event(engine, drop).status == "cancelled"

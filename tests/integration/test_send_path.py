@@ -10,7 +10,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-from dagster import DagsterInstance, ReexecutionOptions, SkipReason, execute_job, reconstructable
+from dagster import DagsterInstance, SkipReason, execute_job, reconstructable
 from sqlalchemy import insert
 
 from email_platform.common.ids import new_ulid
@@ -25,6 +25,7 @@ from tests.support import (
     event,
     messages_of,
     product,
+    reexecuted,
     routes_ahead,
     run_send,
     sandbox_messages,
@@ -384,11 +385,7 @@ def test_reexecuting_the_failed_run_replays_with_the_original_key(
             assert not failed.success
         (letter,) = dead_letters_of(engine, flaky)
         assert letter.reason == "retries_exhausted"
-        with execute_job(
-            job,
-            instance=instance,
-            reexecution_options=ReexecutionOptions.from_failure(failed.run_id, instance),
-        ) as replayed:
+        with reexecuted(job, instance, failed.run_id) as replayed:
             assert replayed.success
             assert replayed.dagster_run.parent_run_id == failed.run_id
     (message,) = messages_of(engine, flaky)
@@ -441,11 +438,7 @@ def test_reexecuting_a_run_whose_batch_held_a_bad_event_dead_letters_only_it_aga
         with execute_job(job, instance=instance, run_config=config) as failed:
             assert not failed.success
         assert {dead_letters_of(engine, e)[0].reason for e in ids} == {"retries_exhausted", reason}
-        with execute_job(
-            job,
-            instance=instance,
-            reexecution_options=ReexecutionOptions.from_failure(failed.run_id, instance),
-        ) as replayed:
+        with reexecuted(job, instance, failed.run_id) as replayed:
             replayed_run = replayed.dagster_run.run_id
     assert messages_of(engine, flaky)[0].status == "sent"
     assert event(engine, flaky).status == "done"
