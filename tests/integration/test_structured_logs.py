@@ -127,6 +127,67 @@ def test_lines_written_each_in_a_loop_read_as_one_call_each_would_write_them():
     logger.handlers, logger.filters, logger.propagate = [], [], True
 
 
+class _Writes(io.StringIO):
+    """A stream that counts its writes."""
+
+    writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+
+def test_lines_that_reach_only_json_handlers_are_written_once_per_group_and_read_the_same():
+    """A run process's per-message lines reach only the JSON handlers: ``info_each`` then
+    formats them itself and writes the group in one write per stream. The lines read as
+    ``info(**fields(...))`` writes them (but the timestamp); a handler above INFO gets none, a
+    disabled logger writes none, and a handler or filter of anyone else's on the way up gets
+    every record, through the per-record path."""
+    parent = logging.getLogger("email_platform.test.group")
+    logger = logging.getLogger("email_platform.test.group.messages")
+    grouped, quiet, single = _Writes(), _Writes(), io.StringIO()
+    above_info = logs.json_handler(quiet)
+    above_info.setLevel(logging.WARNING)
+    parent.handlers, parent.propagate = [logs.json_handler(grouped), above_info], False
+    parent.setLevel(logging.INFO)
+    log = logs.bind(logger, lane="bulk", provider="sandbox")
+    rows = [
+        {"event_id": f"e{n}", "message_id": n, "provider_message_id": None} for n in range(50)
+    ] + [{"event_id": 'e\n{"forged": 1}', "msg": "replaced", "trace_id": "t"}, {}]
+    try:
+        log.info_each("accepted by the provider", rows)
+        assert grouped.writes == 1 and quiet.getvalue() == ""
+        parent.handlers = [logs.json_handler(single)]
+        for row in rows:
+            log.info("accepted by the provider", **logs.fields(**row))
+        each = [json.loads(line) for line in grouped.getvalue().splitlines()]
+        one = [json.loads(line) for line in single.getvalue().splitlines()]
+        assert len(each) == len(rows) == len(one)
+        assert [list({**e, "ts": 0}.items()) for e in each] == [
+            list({**o, "ts": 0}.items()) for o in one
+        ]
+        assert each[50]["msg"] == "replaced" and each[50]["event_id"] == rows[50]["event_id"]
+
+        logger.disabled = True
+        log.info_each("accepted by the provider", rows)
+        assert len(single.getvalue().splitlines()) == len(rows)
+        logger.disabled = False
+
+        records: list[logging.LogRecord] = []
+        keep = logging.Handler()
+        keep.emit = records.append  # type: ignore[method-assign]
+        parent.handlers = [logs.json_handler(grouped := _Writes()), keep]
+        log.info_each("accepted by the provider", rows)
+        assert len(records) == len(rows) == grouped.writes
+        parent.handlers = [logs.json_handler(grouped := _Writes())]
+        logger.addFilter(lambda record: logs.fields_of(record).get("message_id") != 1)
+        log.info_each("accepted by the provider", rows)
+        assert len(grouped.getvalue().splitlines()) == len(rows) - 1
+    finally:
+        parent.handlers, parent.propagate, logger.filters = [], True, []
+        parent.setLevel(logging.NOTSET)
+
+
 def _drop_json_handlers() -> None:
     logger = logging.getLogger("email_platform")
     logger.handlers = [h for h in logger.handlers if not isinstance(h, logging.StreamHandler)]
