@@ -1,7 +1,8 @@
 """The producer's import loads only the core's dependencies, even where every extra is installed.
 
-``pip install email-platform`` brings SQLAlchemy and email-validator alone (the wheel test in
-tests/proof/packaging installs it): ``from email_platform import publish``, a publish, the
+``pip install email-platform`` brings SQLAlchemy, email-validator, fastjsonschema and orjson
+alone (the wheel test in tests/proof/packaging installs it): ``from email_platform import
+publish``, a publish, the
 testing kit's recording and the route setting must load nothing that an extra brings. Checked in
 a child of this (dev) interpreter, where Dagster, Jinja and the rest are importable, so an import
 that slipped into the core shows here. OpenTelemetry is the one optional import (``tracing``:
@@ -23,6 +24,7 @@ ALLOWED = {
     "typing-extensions",
     "email-validator",
     "fastjsonschema",
+    "orjson",
     "dnspython",
     "idna",
     "importlib-metadata",
