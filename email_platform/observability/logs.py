@@ -17,6 +17,7 @@ import logging
 import sys
 from collections.abc import Iterable, Mapping, MutableMapping
 from datetime import UTC, datetime
+from select import PIPE_BUF
 from typing import Any, TextIO
 
 #: The ids a line carries where known, in the order they are written.
@@ -85,7 +86,7 @@ class BoundLogger(logging.LoggerAdapter):
 
         Where the lines reach only this module's JSON handlers (a run process: no filters, no
         other handler on the way up), they are formatted here and each handler's stream gets
-        the group in one write: the same lines, with the group's one timestamp, without a
+        the group in a few writes: the same lines, with the group's one timestamp, without a
         record, a format call and a flush per line (their CPU: bench/README.md).
         """
         logger = self.logger
@@ -94,10 +95,9 @@ class BoundLogger(logging.LoggerAdapter):
         if not logger.isEnabledFor(logging.INFO):
             return
         bound = self.extra or {}
-        lines = ({**bound, **{k: v for k, v in values.items() if v is not None}} for values in each)
+        lines = [{**bound, **{k: v for k, v in values.items() if v is not None}} for values in each]
         handlers = _json_handlers_only(logger)
-        if handlers is not None:
-            _write_lines(handlers, logger.name, msg, lines)
+        if handlers is not None and _write_lines(handlers, logger.name, msg, lines):
             return
         caller = sys._getframe(1)  # where the lines come from, looked up once
         path, line_no, function = caller.f_code.co_filename, caller.f_lineno, caller.f_code.co_name
@@ -139,30 +139,45 @@ def _write_lines(
     handlers: list[logging.StreamHandler],
     name: str,
     msg: str,
-    lines: Iterable[dict[str, Any]],
-) -> None:
+    lines: list[dict[str, Any]],
+) -> bool:
     """``JsonFormatter``'s lines for plain INFO records of ``name``, written to each handler's
-    stream at once, under its lock, then flushed, as ``StreamHandler.emit`` does per record."""
+    stream under its lock and flushed, as ``StreamHandler.emit`` does per record; False, with
+    nothing written, when a value cannot be encoded (the per-record path then reports it).
+
+    A write holds whole lines of at most ``PIPE_BUF`` bytes together (a longer line alone, as
+    before), so a pipe other processes also write to never gets a line cut by theirs."""
     head = {
         "ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
         "level": "info",
         "logger": name,
         "msg": msg,
     }
-    text = "".join(_ENCODER.encode({**head, **line}) + "\n" for line in lines)
-    if not text:
-        return
+    try:
+        encoded = [_ENCODER.encode({**head, **line}) + "\n" for line in lines]
+    except Exception:
+        return False
+    chunks: list[str] = []
+    size = PIPE_BUF
+    for line in encoded:  # ASCII: a character is a byte
+        if size + len(line) > PIPE_BUF:
+            chunks.append("")
+            size = 0
+        chunks[-1] += line
+        size += len(line)
     for handler in handlers:
         handler.acquire()
         try:
-            handler.stream.write(text)
-            handler.flush()
+            for chunk in chunks:
+                handler.stream.write(chunk)
+                handler.flush()
         except RecursionError:
             raise
         except Exception:
             handler.handleError(logging.makeLogRecord({"name": name, "msg": msg}))
         finally:
             handler.release()
+    return True
 
 
 def bind(logger: logging.Logger | logging.LoggerAdapter, **bound: Any) -> BoundLogger:

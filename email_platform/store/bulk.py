@@ -12,6 +12,7 @@ cost about twice the client CPU per 1,000-row insert. Rows JSON cannot carry exa
 column, a float that is not finite, a value of another type) go as one array per column.
 """
 
+import datetime
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -78,23 +79,42 @@ def one_of(connection: Connection, column: Any, values: Sequence[Any]) -> Column
 _JSON_SAFE = (String, Integer, Float, Boolean, DateTime)
 
 
-def _as_json(rows: Sequence[dict[str, Any]], float_columns: Sequence[str]) -> str | None:
+def _as_json(rows: Sequence[dict[str, Any]], types: dict[str, Any]) -> str | None:
     """``rows`` as one JSON array, or None where JSON would not carry every value exactly.
 
-    orjson writes a float that is not finite as null (PostgreSQL's JSON has no NaN), so the
-    ``float_columns`` are looked at first; it refuses a lone surrogate, an integer past 64
-    bits and a type it does not know, which then go as arrays (where psycopg refuses the
-    surrogate, as the database would).
+    orjson writes a float that is not finite as null (PostgreSQL's JSON has no NaN) and an
+    offset's seconds not at all, so the Float and DateTime columns (``types``: column name to
+    SQL type) are looked at first; it refuses a lone surrogate, an integer past 64 bits and a
+    type it does not know, which then go as arrays (where psycopg refuses the surrogate, as the
+    database would). Other columns hold their own type's values (strings, whole numbers,
+    booleans), which JSON carries as they are.
     """
-    for name in float_columns:
-        for row in rows:
-            value = row.get(name)
-            if isinstance(value, float) and not math.isfinite(value):
-                return None
+    for name, type_ in types.items():
+        odd = (
+            _not_finite
+            if isinstance(type_, Float)
+            else _odd_offset
+            if isinstance(type_, DateTime)
+            else None
+        )
+        if odd is not None and any(odd(row.get(name)) for row in rows):
+            return None
     try:
         return orjson.dumps(rows).decode()
     except TypeError:  # orjson.JSONEncodeError
         return None
+
+
+def _not_finite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def _odd_offset(value: Any) -> bool:
+    """A datetime whose UTC offset has seconds (a historical local mean time): orjson drops them."""
+    if not isinstance(value, datetime.datetime) or value.tzinfo in (None, datetime.UTC):
+        return False
+    offset = value.utcoffset()
+    return offset is not None and offset % datetime.timedelta(minutes=1) != datetime.timedelta(0)
 
 
 def _record_type(table_column: Any) -> Any:
@@ -111,8 +131,11 @@ def unnest(
     ``unnest(array, ...) AS t(columns)``.
     """
     types = [_record_type(table.c[name]) for name in columns]
-    floats = [name for name, type_ in zip(columns, types, strict=True) if isinstance(type_, Float)]
-    document = _as_json(rows, floats) if all(t is not None for t in types) else None
+    document = (
+        _as_json(rows, dict(zip(columns, types, strict=True)))
+        if all(t is not None for t in types)
+        else None
+    )
     if document is not None:
         source = func.json_to_recordset(cast(bindparam(None, document, type_=Text), PG_JSON))
         return source.table_valued(

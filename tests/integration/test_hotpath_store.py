@@ -8,7 +8,8 @@ message updated with its own provider id, a set filter matching exactly its memb
 value too long for its column refused rather than silently cut short.
 """
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import pytest
 from sqlalchemy import select
@@ -193,8 +194,13 @@ def test_values_json_cannot_carry_go_as_arrays_and_are_stored_exactly(engine):
         _attempt(message.message_id, event_id, retry_after_s=float("nan"), error="\\ {1,2}"),
     ]
     plain = [_attempt(message.message_id, event_id, retry_after_s=2.5, error='é \u2028 "q"')]
-    assert bulk._as_json(odd, ["retry_after_s"]) is None
-    assert bulk._as_json(plain, ["retry_after_s"]) is not None
+    types = {name: email_attempts.c[name].type for name in odd[0]}
+    assert bulk._as_json(odd, types) is None and bulk._as_json(plain, types) is not None
+    # An offset with seconds (Paris's local mean time in 1900): orjson would drop them.
+    paris = ZoneInfo("Europe/Paris")
+    for year, carried in ((1900, False), (2000, True)):
+        at = datetime(year, 1, 1, tzinfo=paris)
+        assert (bulk._as_json([{**plain[0], "started_at": at}], types) is not None) is carried
     with engine.begin() as connection:
         attempts.add(connection, odd)
         attempts.add(connection, plain)
