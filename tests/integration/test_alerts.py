@@ -2,7 +2,6 @@
 raise and resolve launches one alert run; the Slack-compatible post is retried and bounded."""
 
 import json
-import time
 from datetime import timedelta
 
 import pytest
@@ -16,12 +15,14 @@ from dagster import (
 )
 from hypothesis import given
 from hypothesis import strategies as st
+from sqlalchemy import update
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from email_platform.common.timeutil import utcnow
+from email_platform.db.schema import email_outbox
 from email_platform.jobs import (
     alert_job,
     lane_worker_job,
@@ -110,11 +111,15 @@ def test_a_dead_letter_raises_one_alert_until_it_is_discarded(engine, database_u
 def test_a_lane_whose_oldest_due_event_is_past_its_target_raises_an_alert(
     engine, database_url, sandbox
 ):
-    resources = _resources(database_url, sandbox.base_url, lanes='{"critical": {"target_s": 0.5}}')
+    resources = _resources(database_url, sandbox.base_url, lanes='{"critical": {"target_s": 60}}')
     ids = publish_across_lanes(engine, {"critical": 1, "transactional": 1, "bulk": 0})
-    assert _changes(_evaluate(resources)) == {}  # nothing has waited half a second yet
-    time.sleep(0.8)
-    # Only critical: the transactional event is as old, but within its 5-minute target.
+    assert _changes(_evaluate(resources)) == {}  # nothing has waited a minute yet
+    # Both became due two minutes ago (moved back, not waited for: a loaded machine's pace
+    # changes nothing). Only critical is late: transactional is within its 5-minute target.
+    with engine.begin() as connection:
+        connection.execute(
+            update(email_outbox).values(available_at=utcnow() - timedelta(minutes=2))
+        )
     assert _changes(_evaluate(resources)) == {"lane_late:critical": "raised"}
     assert run_send(database_url, sandbox.base_url, "critical", ids[:1]).success
     assert _changes(_evaluate(resources)) == {"lane_late:critical": "resolved"}
@@ -146,7 +151,8 @@ def test_a_provider_that_cannot_be_configured_raises_an_alert(engine, database_u
 
 def test_a_failed_run_and_a_silent_worker_raise_alerts(engine, database_url, sandbox):
     instance = DagsterInstance.ephemeral()
-    resources = _resources(database_url, sandbox.base_url, silent_worker_s=0.5)
+    # Silent for a minute: a beat two minutes old is silent, a fresh one is not, at any pace.
+    resources = _resources(database_url, sandbox.base_url, silent_worker_s=60)
     failed = instance.create_run_for_job(
         send_email_job, run_config=send_run_config("bulk", ["x"]), tags={"email/lane": "bulk"}
     )
@@ -159,7 +165,7 @@ def test_a_failed_run_and_a_silent_worker_raise_alerts(engine, database_url, san
         worker.run_id,
     )
     with engine.begin() as connection:
-        lane_workers.beat(connection, worker.run_id, "bulk", utcnow() - timedelta(seconds=5))
+        lane_workers.beat(connection, worker.run_id, "bulk", utcnow() - timedelta(minutes=2))
     changes = _changes(_evaluate(resources, instance))
     assert changes == {f"run_failed:{failed.run_id}": "raised", "worker_silent:bulk": "raised"}
     # The worker beats again: that alert resolves, the failed run's stays.
