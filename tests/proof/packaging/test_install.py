@@ -29,6 +29,7 @@ CORE_DISTRIBUTIONS = {
     "typing-extensions",
     "email-validator",
     "fastjsonschema",
+    "orjson",
     "dnspython",
     "idna",
 }
