@@ -176,10 +176,15 @@ def test_a_worker_stopped_with_calls_in_flight_records_them_and_gives_back_the_r
     accepted = {m["idempotency_key"] for m in sandbox_messages(slow_sandbox.base_url)}
     # The 30 calls out when the stop came were seen through and recorded; no other started.
     assert len(accepted) == 30 and provider.calls == 30
-    for event_id in ids:
-        (message,) = messages_of(engine, event_id)
-        assert (message.status == "sent") == (message.idempotency_key in accepted)
-    assert result.released == 90
+    # Whether the next batch was claimed before the stop came is a race (its 30th call starts
+    # within milliseconds of the first): each claimed event has its message, sent only if
+    # accepted, and every claimed event not sent was given back.
+    claimed = result.totals["claimed"]
+    assert 50 <= claimed <= 120
+    prepared = [m for event_id in ids for m in messages_of(engine, event_id)]
+    assert len(prepared) == claimed == len({m.event_id for m in prepared})
+    assert {m.idempotency_key for m in prepared if m.status == "sent"} == accepted
+    assert result.released == claimed - 30
     again = SandboxProvider(slow_sandbox.base_url, batch_max=1, max_connections=50)
     LaneWorker(
         sender=batch_sender(engine, again, lane), engine=engine, lane=lane, run_id="w-2"
