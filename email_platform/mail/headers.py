@@ -10,6 +10,7 @@ character. No library's behaviour is relied on.
 """
 
 import re
+from collections.abc import Iterable
 from email.errors import HeaderParseError
 from email.header import decode_header
 from email.policy import default as _modern_policy
@@ -65,6 +66,19 @@ def _legacy_decoded(value: str) -> str:
         else:
             decoded.append(part)
     return "".join(decoded)
+
+
+def all_safe(values: Iterable[str]) -> bool:
+    """Whether ``unsafe_header_reason`` passes every one of ``values``, checked in one scan.
+
+    A space joins them: it is safe itself and splits an ``=?`` across two values, so the joined
+    text holds an unsafe character or an encoded word only where one of the values does.
+    """
+    joined = " ".join(values)
+    if "=?" in joined:
+        return False
+    # Every character _UNSAFE matches is unprintable: a printable text (most) needs no search.
+    return joined.isprintable() or _UNSAFE.search(joined) is None
 
 
 def unsafe_header_reason(value: str) -> str | None:

@@ -12,7 +12,7 @@ from urllib.parse import quote
 from email_platform.common.config import ProviderSettings
 from email_platform.common.errors import ConfigurationError, DeliveryError, PermanentError
 from email_platform.mail.addressing import Attachment
-from email_platform.mail.headers import unsafe_header_reason
+from email_platform.mail.headers import all_safe, unsafe_header_reason
 from email_platform.mail.provider_templates import ProviderTemplateCall
 
 
@@ -226,21 +226,41 @@ def header_problem(email: OutgoingEmail) -> PermanentError | None:
     """Why ``email`` may not be sent as it is: a header value (or name) with a line break,
     raw or RFC 2047 encoded. Every adapter checks this before it builds a request, whatever
     was checked upstream, so no adapter's wire output can carry an injected header."""
-    fields = [("sender", email.sender), ("to", email.to), ("subject", email.subject)]
-    ambiguous: PermanentError | None = None
     # Adapters re-parse addresses (``parseaddr`` strips quotes and group names), so the parts
     # they write are checked as well as the whole.
-    fields += extra_addresses(email)
     addresses = [("sender", email.sender), ("to", email.to), *extra_addresses(email)]
-    for field_name, address in addresses:
-        display_name, addr_spec = _address_parts(address)
-        fields += [(f"{field_name} name", display_name), (f"{field_name} address", addr_spec)]
+    parts = [(role, address, *_address_parts(address)) for role, address in addresses]
+    # Nearly every message is clean: one scan over every value first, names only to refuse.
+    values = [email.subject, email.event_id, email.idempotency_key]
+    values += [text for part in parts for text in part[1:]]
+    values += [value for value in (email.trace_id, email.correlation_id) if value is not None]
+    values += [text for a in email.attachments for text in (a.filename, a.content_type)]
+    values += [text for header in email.headers.items() for text in header]
+    if all_safe(values):
+        return _ambiguous(parts)
+    return _named_problem(email, parts)
+
+
+def _ambiguous(parts: list[tuple[str, str, str, str]]) -> PermanentError | None:
+    """The first address whose bracketed part is not the address it parses as."""
+    for role, address, _, addr_spec in parts:
         bracketed = address.rpartition("<")[2].partition(">")[0] if "<" in address else None
-        if ambiguous is None and bracketed is not None and bracketed.strip() != addr_spec:
-            ambiguous = PermanentError(
-                f"{field_name} {address!r} parses as {addr_spec!r}, not the address it shows",
+        if bracketed is not None and bracketed.strip() != addr_spec:
+            return PermanentError(
+                f"{role} {address!r} parses as {addr_spec!r}, not the address it shows",
                 code="ambiguous_address",
             )
+    return None
+
+
+def _named_problem(
+    email: OutgoingEmail, parts: list[tuple[str, str, str, str]]
+) -> PermanentError | None:
+    """``header_problem`` for a message that holds an unsafe value: which one, by name."""
+    fields = [("sender", email.sender), ("to", email.to), ("subject", email.subject)]
+    fields += extra_addresses(email)
+    for field_name, _, display_name, addr_spec in parts:
+        fields += [(f"{field_name} name", display_name), (f"{field_name} address", addr_spec)]
     fields += [("event_id", email.event_id), ("idempotency_key", email.idempotency_key)]
     fields += [
         (name, value)
@@ -255,7 +275,7 @@ def header_problem(email: OutgoingEmail) -> PermanentError | None:
         reason = unsafe_header_reason(value)
         if reason is not None:
             return PermanentError(f"{field_name} {reason}", code="header_injection")
-    return ambiguous
+    return _ambiguous(parts)
 
 
 _ATOM = r"[A-Za-z0-9!#$%&'*+/^_`{|}~-]+"

@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 
+from email_platform import publish
 from email_platform.common.timeutil import as_utc, utcnow
 from email_platform.db.errors import refused_by_database
 from email_platform.db.schema import email_attempts, email_messages
@@ -223,3 +224,19 @@ def test_text_postgresql_cannot_hold_is_refused_as_a_value(engine, error):
     assert refused_by_database(raised.value)
     with engine.connect() as connection:
         assert connection.execute(select(email_attempts)).all() == []
+
+
+def test_json_columns_read_back_what_was_written_where_orjson_alone_would_not(engine):
+    """The engines decode JSON columns with orjson, and with ``json.loads`` where the two would
+    read a document differently: a payload's integer past 64 bits stays an exact int."""
+    big = 2**70 + 1
+    payload = {
+        "email": "u1@example.com",
+        "order_id": big,
+        "extra": {"lines": [1.5, -0.0, 10**18], "note": 'é \u2028 "q"'},
+    }
+    with engine.begin() as connection:
+        event_id = publish(connection, event_type="order.paid", aggregate_id="o1", payload=payload)
+    stored = event(engine, event_id).payload
+    assert stored == payload and type(stored["order_id"]) is int
+    assert str(stored["extra"]["lines"][1]) == "-0.0"

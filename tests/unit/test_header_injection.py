@@ -781,3 +781,36 @@ def test_the_address_fast_path_reads_what_parseaddr_reads(address: str) -> None:
     from email_platform.providers.base import _address_parts
 
     assert _address_parts(address) == parseaddr(address)
+
+
+_HEADER_TEXT = st.text(
+    alphabet=st.sampled_from(list("ab =?QB_é\t\r\n\x00\x85\u2028\xa0")) | st.characters(),
+    max_size=16,
+)
+
+
+@given(st.lists(_HEADER_TEXT, max_size=6))
+@settings(max_examples=1500, deadline=None)
+def test_one_scan_over_the_values_passes_exactly_what_each_check_passes(values: list[str]) -> None:
+    """``header_problem`` checks a message's values in one scan (``all_safe``) before it names
+    one: the scan must never pass what the value-by-value check refuses."""
+    from email_platform.mail.headers import all_safe
+
+    each = all(unsafe_header_reason(value) is None for value in values)
+    assert not (all_safe(values) and not each)
+    if "=?" not in " ".join(values):
+        assert all_safe(values) == each
+
+
+@given(_HEADER_TEXT, _HEADER_TEXT, _HEADER_TEXT)
+@settings(max_examples=500, deadline=None)
+def test_a_message_is_refused_for_injection_exactly_when_one_of_its_values_is_unsafe(
+    subject: str, name: str, value: str
+) -> None:
+    from email_platform.providers.base import _address_parts
+
+    to = f"{name} <a@example.com>"
+    problem = header_problem(outgoing(subject=subject, headers={"X-Tag": value}, to=to))
+    checked = [to, *_address_parts(to), subject, value]
+    unsafe = any(unsafe_header_reason(text) is not None for text in checked)
+    assert unsafe == (problem is not None and problem.code == "header_injection"), problem
