@@ -139,9 +139,9 @@ def _lane_overrides(text: str) -> dict[str, dict[str, Any]]:
     return value
 
 
-def _setting_label(latency_ms: float, provider_batch: int) -> str:
+def _setting_label(latency_ms: float, provider_batch: int, provider: str) -> str:
     calls = "one message a call" if provider_batch == 1 else f"{provider_batch} messages a call"
-    return f"sandbox {latency_ms:g} ms, {calls}"
+    return f"{provider} {latency_ms:g} ms, {calls}"
 
 
 def _celery_configs(args: argparse.Namespace, latency_ms: float) -> list[CeleryConfig]:
@@ -151,7 +151,9 @@ def _celery_configs(args: argparse.Namespace, latency_ms: float) -> list[CeleryC
     return [CeleryConfig.parse(spec) for spec in specs.split(",") if spec.strip()]
 
 
-def _summarize(latency_ms: float, provider_batch: int, results: list[Result]) -> dict[str, Any]:
+def _summarize(
+    latency_ms: float, provider_batch: int, provider: str, results: list[Result]
+) -> dict[str, Any]:
     """One setting's figures: the keys the issue asks for, then every row."""
     rows = {r.system: r for r in results}
     ours = rows.get("dagster")
@@ -166,6 +168,7 @@ def _summarize(latency_ms: float, provider_batch: int, results: list[Result]) ->
         return a / b if a is not None and b else None
 
     return {
+        "provider": provider,
         "provider_latency_ms": latency_ms,
         "provider_batch": provider_batch,
         "emails_per_s": eps(ours),
@@ -233,7 +236,7 @@ def print_summary(summaries: list[dict[str, Any]]) -> None:
         )
         crit = f"{_fmt(s['critical_p50_s'])}/{_fmt(s['critical_p99_s'])}"
         print(
-            f"{_setting_label(s['provider_latency_ms'], s['provider_batch']):<36} "
+            f"{_setting_label(s['provider_latency_ms'], s['provider_batch'], s['provider']):<36} "
             f"{_fmt(s['emails_per_s']):>9} {best:>22} {_fmt(s['ceiling_emails_per_s']):>9} "
             f"{_fmt(s['x_baseline'], 2):>8} {_fmt(s['x_ceiling'], 2):>9} {cpu:>18} "
             f"{machine:>18} {crit:>14}"
@@ -243,7 +246,7 @@ def print_summary(summaries: list[dict[str, Any]]) -> None:
 def _run_setting(args: argparse.Namespace, settings: Settings, systems: list[str]) -> list[Result]:
     """Every system (every Celery configuration) at one setting, ``--repeats`` times."""
     by_system: dict[str, list[Result]] = {}
-    label = _setting_label(settings.provider_latency_ms, settings.provider_batch)
+    label = _setting_label(settings.provider_latency_ms, settings.provider_batch, settings.provider)
     for repeat in range(args.repeats):
         for system in systems:
             if system in ("dagster", "dagster-batch"):
@@ -347,10 +350,10 @@ def compare(args: argparse.Namespace) -> int:
                 rate_limit_per_s=args.rate_limit,
             )
             results = _run_setting(args, settings, systems)
-            summary = _summarize(latency_ms, provider_batch, results)
+            summary = _summarize(latency_ms, provider_batch, args.provider, results)
             summaries.append(summary)
             all_results.extend(results)
-            print(f"\n{_setting_label(latency_ms, provider_batch)}")
+            print(f"\n{_setting_label(latency_ms, provider_batch, args.provider)}")
             print_table(results, summary["baseline_emails_per_s"], summary["ceiling_emails_per_s"])
             print(flush=True)
             # After every setting, so a long matrix cut short keeps what it measured.

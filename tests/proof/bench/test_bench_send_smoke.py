@@ -89,6 +89,7 @@ def test_bench_matrix_runs_every_celery_configuration_to_the_end(tmp_path, bench
         (20, 10),
     ]
     for setting in settings:
+        assert setting["provider"] == "sandbox"
         expected = "prefork-2" if setting["provider_latency_ms"] == 0 else "gevent-2x10"
         assert set(setting["systems"]) == {f"celery {expected}"}
         # The best (here the only) Celery configuration is the baseline.
