@@ -226,41 +226,21 @@ def header_problem(email: OutgoingEmail) -> PermanentError | None:
     """Why ``email`` may not be sent as it is: a header value (or name) with a line break,
     raw or RFC 2047 encoded. Every adapter checks this before it builds a request, whatever
     was checked upstream, so no adapter's wire output can carry an injected header."""
+    fields = [("sender", email.sender), ("to", email.to), ("subject", email.subject)]
+    ambiguous: PermanentError | None = None
     # Adapters re-parse addresses (``parseaddr`` strips quotes and group names), so the parts
     # they write are checked as well as the whole.
+    fields += extra_addresses(email)
     addresses = [("sender", email.sender), ("to", email.to), *extra_addresses(email)]
-    parts = [(role, address, *_address_parts(address)) for role, address in addresses]
-    # Nearly every message is clean: one scan over every value first, names only to refuse.
-    values = [email.subject, email.event_id, email.idempotency_key]
-    values += [text for part in parts for text in part[1:]]
-    values += [value for value in (email.trace_id, email.correlation_id) if value is not None]
-    values += [text for a in email.attachments for text in (a.filename, a.content_type)]
-    values += [text for header in email.headers.items() for text in header]
-    if all_safe(values):
-        return _ambiguous(parts)
-    return _named_problem(email, parts)
-
-
-def _ambiguous(parts: list[tuple[str, str, str, str]]) -> PermanentError | None:
-    """The first address whose bracketed part is not the address it parses as."""
-    for role, address, _, addr_spec in parts:
+    for field_name, address in addresses:
+        display_name, addr_spec = _address_parts(address)
+        fields += [(f"{field_name} name", display_name), (f"{field_name} address", addr_spec)]
         bracketed = address.rpartition("<")[2].partition(">")[0] if "<" in address else None
-        if bracketed is not None and bracketed.strip() != addr_spec:
-            return PermanentError(
-                f"{role} {address!r} parses as {addr_spec!r}, not the address it shows",
+        if ambiguous is None and bracketed is not None and bracketed.strip() != addr_spec:
+            ambiguous = PermanentError(
+                f"{field_name} {address!r} parses as {addr_spec!r}, not the address it shows",
                 code="ambiguous_address",
             )
-    return None
-
-
-def _named_problem(
-    email: OutgoingEmail, parts: list[tuple[str, str, str, str]]
-) -> PermanentError | None:
-    """``header_problem`` for a message that holds an unsafe value: which one, by name."""
-    fields = [("sender", email.sender), ("to", email.to), ("subject", email.subject)]
-    fields += extra_addresses(email)
-    for field_name, _, display_name, addr_spec in parts:
-        fields += [(f"{field_name} name", display_name), (f"{field_name} address", addr_spec)]
     fields += [("event_id", email.event_id), ("idempotency_key", email.idempotency_key)]
     fields += [
         (name, value)
@@ -271,11 +251,14 @@ def _named_problem(
     fields += [(f"attachment {a.filename!r} type", a.content_type) for a in email.attachments]
     fields += [(f"header {name!r}", name) for name in email.headers]
     fields += [(f"header {name!r}", value) for name, value in email.headers.items()]
+    # Nearly every message is clean: one scan over every value, then each only to name one.
+    if all_safe(value for _, value in fields):
+        return ambiguous
     for field_name, value in fields:
         reason = unsafe_header_reason(value)
         if reason is not None:
             return PermanentError(f"{field_name} {reason}", code="header_injection")
-    return _ambiguous(parts)
+    return ambiguous
 
 
 _ATOM = r"[A-Za-z0-9!#$%&'*+/^_`{|}~-]+"
