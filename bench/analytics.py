@@ -54,8 +54,10 @@ def _phase(database_url: str, warehouse_path: str, full: bool) -> None:
                 "loaded": summary.total_loaded,
                 "read": sum(summary.rows_read.values()),
                 "messages_rebuilt": summary.messages_rebuilt,
+                "messages_folded": summary.messages_folded,
                 # What the refresh counted (issue 42): daily rows rewritten, funnel rows read.
                 "daily_rows_changed": summary.daily_rows_changed,
+                "daily_rows_kept": summary.daily_rows_kept,
                 "daily_rows_read": summary.daily_rows_read,
                 "slices": summary.slices,
                 "funnel_rows": summary.table_rows["email_funnel"],

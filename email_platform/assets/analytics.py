@@ -96,7 +96,8 @@ def analytics_warehouse(
     )
     context.log.info(
         f"loaded {summary.total_loaded} rows ({summary.rows_loaded}); rebuilt "
-        f"{summary.messages_rebuilt} funnel rows over {summary.days_rebuilt} days"
+        f"{summary.messages_rebuilt} funnel rows ({summary.messages_folded} folded) over "
+        f"{summary.days_rebuilt} days"
         + (" (full build)" if summary.full_build else "")
         + f" in {summary.timings_s['total']:.2f}s"
     )
@@ -132,6 +133,8 @@ def _metadata(name: str, summary: core.RefreshSummary) -> dict[str, MetadataValu
                 else MetadataValue.float(round(float(value), 6))
             )
         metadata["messages_rebuilt"] = MetadataValue.int(summary.messages_rebuilt)
+        # Of those, the rows folded from their old row and only the new rows (warehouse.fold).
+        metadata["messages_folded"] = MetadataValue.int(summary.messages_folded)
     source = _SOURCE_OF.get(name)
     if source:
         raw = core.SOURCES_BY_NAME[source].raw_table

@@ -7,7 +7,9 @@ the models' fingerprint and the Dagster asset specs all derive from it.
 drift from the load). ``email_funnel`` and ``email_funnel_daily`` are tables: a full build runs
 their SQL; an incremental build recomputes only the funnel rows of messages touched by the load
 (the message changed, or it got an attempt, provider event or dead letter) and only the daily
-rows of the days those messages belong to. A change to a model's SQL file triggers a full build
+rows of the days those messages belong to. A touched row whose message only got provider events
+or a new message row is folded from its old row and those rows (``fold``); the others are
+rebuilt from their raw rows. A change to a model's SQL file triggers a full build
 of the models (``models_fingerprint``, kept in ``warehouse_state``).
 
 The SQL files live in ``analytics/``, where analysts read them (file name = table name = asset
@@ -18,14 +20,15 @@ data and an installed package builds the warehouse from its own copies (``sql_fi
 
 import hashlib
 import importlib.resources
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.resources.abc import Traversable
 
 import duckdb
 
+from email_platform.warehouse import fold
 from email_platform.warehouse.files import literal
+from email_platform.warehouse.views import shadowed
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,10 @@ class BuildCounts:
     daily_rows_read: int = 0
     # A full build's slices (``SLICE_MESSAGES`` messages each).
     slices: int = 0
+    # Of ``messages``, the funnel rows folded rather than rebuilt from their raw rows, and of
+    # ``daily_rows``, the rows of steady days, which kept some percentiles (``fold``).
+    folded: int = 0
+    daily_rows_kept: int = 0
 
 
 # A full build's slice: its working set (every raw row of that many messages, the join and
@@ -179,8 +186,13 @@ class BuildCounts:
 SLICE_MESSAGES = 500_000
 
 
-def build_models(connection: duckdb.DuckDBPyConnection, full: bool) -> BuildCounts:
-    """Staging views, then the funnel and the daily table: whole, or only what changed."""
+def build_models(
+    connection: duckdb.DuckDBPyConnection,
+    full: bool,
+    loaded: Mapping[str, str] | None = None,
+) -> BuildCounts:
+    """Staging views, then the funnel and the daily table: whole, or only what changed.
+    ``loaded`` names, per raw table, the rows the refresh's load wrote (see ``fold``)."""
     for name in STAGING_MODELS:
         connection.execute(f"CREATE OR REPLACE VIEW {name} AS\n{model_sql(name)}")
     exists = {
@@ -191,30 +203,48 @@ def build_models(connection: duckdb.DuckDBPyConnection, full: bool) -> BuildCoun
     }
     if full or FUNNEL not in exists or FUNNEL_DAILY not in exists:
         return _build_full(connection)
+    model, daily_model = model_sql(FUNNEL), model_sql(FUNNEL_DAILY)
+    folding = fold.mirrors(model, daily_model)
+    folded = fold.take_old_rows(connection, FUNNEL, AFFECTED, loaded or {}, folding)
+    # The messages rebuilt from their raw rows: every one touched, less the folded ones.
     connection.execute(
         "CREATE OR REPLACE TEMP TABLE _scope AS "
-        f"SELECT DISTINCT message_id FROM {AFFECTED} ORDER BY message_id"
+        f"SELECT DISTINCT message_id FROM {AFFECTED} "
+        f"WHERE message_id NOT IN (SELECT message_id FROM {fold.OLD}) ORDER BY message_id"
     )
-    messages = connection.execute("SELECT count(*) FROM _scope").fetchone()[0]
-    if not messages:
+    rebuilt = connection.execute("SELECT count(*) FROM _scope").fetchone()[0]
+    if not rebuilt + folded:
         return BuildCounts()
-    connection.execute(
-        f"CREATE OR REPLACE TEMP TABLE _old_days AS SELECT DISTINCT day FROM {FUNNEL} "
-        "WHERE message_id IN (SELECT message_id FROM _scope)"
+    touched = (
+        f"message_id IN (SELECT message_id FROM _scope UNION ALL SELECT message_id FROM {fold.OLD})"
     )
-    deleted = connection.execute(
-        f"DELETE FROM {FUNNEL} WHERE message_id IN (SELECT message_id FROM _scope)"
-    ).fetchone()[0]
-    # Not sorted (0.02 s at 1M): the rows are a mix of new messages and old ones spread over
-    # weeks, so sorting would not narrow the zone maps of the row groups they fill.
-    with shadowed(connection, _scope_filters(connection)):
+    # The days of the rows replaced; a rebuilt message's day is not steady (``fold.steady``).
+    connection.execute(
+        "CREATE OR REPLACE TEMP TABLE _old_days AS SELECT day, bool_and(message_id IN "
+        f"(SELECT message_id FROM {fold.OLD})) AS steady FROM {FUNNEL} WHERE {touched} "
+        "GROUP BY day"
+    )
+    deleted = connection.execute(f"DELETE FROM {FUNNEL} WHERE {touched}").fetchone()[0]
+    new_days = "SELECT day, false AS steady FROM _rebuilt_days"
+    connection.execute("CREATE OR REPLACE TEMP TABLE _rebuilt_days (day DATE)")
+    if rebuilt:
+        # Not sorted (0.02 s at 1M): the rows are a mix of new messages and old ones spread
+        # over weeks, so sorting would not narrow the zone maps of the row groups they fill.
+        with shadowed(connection, _scope_filters(connection)):
+            connection.execute(
+                f"INSERT INTO {FUNNEL} SELECT * FROM (\n{model}\n) "
+                "WHERE message_id IN (SELECT message_id FROM _scope)"
+            )
         connection.execute(
-            f"INSERT INTO {FUNNEL} SELECT * FROM (\n{model_sql(FUNNEL)}\n) "
+            f"INSERT INTO _rebuilt_days SELECT DISTINCT day FROM {FUNNEL} "
             "WHERE message_id IN (SELECT message_id FROM _scope)"
         )
+    if folded:
+        fold.insert_folded(connection, FUNNEL, model, loaded or {})
+        new_days += f" UNION ALL {fold.folded_days()}"
     connection.execute(
-        "CREATE OR REPLACE TEMP TABLE _days AS SELECT day FROM _old_days UNION "
-        f"SELECT DISTINCT day FROM {FUNNEL} WHERE message_id IN (SELECT message_id FROM _scope)"
+        "CREATE OR REPLACE TEMP TABLE _days AS SELECT day, bool_and(steady) AS steady FROM "
+        f"(SELECT day, steady FROM _old_days UNION ALL {new_days}) GROUP BY day"
     )
     days = connection.execute("SELECT count(*) FROM _days").fetchone()[0]
     # The days' rows are re-aggregated, not kept by deltas: its percentiles (medians, p95) are
@@ -222,24 +252,33 @@ def build_models(connection: duckdb.DuckDBPyConnection, full: bool) -> BuildCoun
     # day they reach. A delta (add the new versions' counts, subtract the old ones', recompute
     # only the percentiles that moved) measured ~0.2 s slower at 1M messages (bench/README.md,
     # "Warehouse benchmark", 2026-12-06): the percentiles cost most of the re-aggregation.
+    # A steady day (only steady folded rows) keeps the percentiles its rows did not move.
+    steady = "day IN (SELECT day FROM _days WHERE steady)"
+    kept = fold.keep_daily(connection, FUNNEL_DAILY, steady)
     deleted += connection.execute(
         f"DELETE FROM {FUNNEL_DAILY} WHERE day IN (SELECT day FROM _days)"
     ).fetchone()[0]
-    window = "day IN (SELECT day FROM _days)"
-    with shadowed(connection, {FUNNEL: window}):
+    moved = "day IN (SELECT day FROM _days WHERE NOT steady)"
+    with shadowed(connection, {FUNNEL: moved}):
         daily_rows = connection.execute(
-            f"INSERT INTO {FUNNEL_DAILY} SELECT * FROM (\n{model_sql(FUNNEL_DAILY)}\n) "
-            f"WHERE {window} ORDER BY ALL"
+            f"INSERT INTO {FUNNEL_DAILY} SELECT * FROM (\n{daily_model}\n) "
+            f"WHERE {moved} ORDER BY ALL"
         ).fetchone()[0]
+    kept_rows = 0
+    if kept:
+        kept_rows = fold.insert_steady_daily(connection, FUNNEL, FUNNEL_DAILY, daily_model, steady)
     # The funnel rows re-aggregated: every one counts once in its daily row's messages.
     daily_read = connection.execute(
-        f"SELECT coalesce(sum(messages), 0) FROM {FUNNEL_DAILY} WHERE {window}"
+        f"SELECT coalesce(sum(messages), 0) FROM {FUNNEL_DAILY} "
+        "WHERE day IN (SELECT day FROM _days)"
     ).fetchone()[0]
     return BuildCounts(
-        messages=messages,
+        messages=rebuilt + folded,
+        folded=folded,
         days=days,
         rows_deleted=deleted,
-        daily_rows=daily_rows,
+        daily_rows=daily_rows + kept_rows,
+        daily_rows_kept=kept_rows,
         daily_rows_read=daily_read,
     )
 
@@ -336,30 +375,3 @@ def event_id_range(connection: duckdb.DuckDBPyConnection, rows: str, column: str
     if lowest is None:
         return "false"
     return f"{column} BETWEEN {literal(lowest)} AND {literal(highest)}"
-
-
-@contextmanager
-def shadowed(connection: duckdb.DuckDBPyConnection, filters: dict[str, str]) -> Iterator[None]:
-    """Shadow each named table with a temp view of only its rows matching the filter, for the
-    duration of the block.
-
-    DuckDB binds the unqualified names inside a view when it is queried, temp schema first, so
-    the staging views and the model SQL run unchanged over the rows that can change instead of
-    aggregating everything and filtering afterwards (the filter does not push through their
-    GROUP BYs). Views, not tables: each reader then scans only the columns it needs, and zone
-    maps skip the row groups the filter rules out.
-    """
-    # Fully qualified: inside the temp catalog, a bare ``main.`` names the temp schema itself.
-    database = connection.execute("SELECT current_database()").fetchone()[0]
-    created = []
-    try:
-        for table, condition in filters.items():
-            connection.execute(
-                f'CREATE OR REPLACE TEMP VIEW {table} AS SELECT * FROM "{database}".main.{table} '
-                f"WHERE {condition}"
-            )
-            created.append(table)
-        yield
-    finally:
-        for table in reversed(created):
-            connection.execute(f"DROP VIEW IF EXISTS temp.main.{table}")

@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 import duckdb
 
 from email_platform.db.schema import email_attempts, email_events, email_messages, email_outbox
+from email_platform.warehouse import fold
 from email_platform.warehouse.build import AFFECTED, event_id_range
 from email_platform.warehouse.files import configure_session, literal
 from email_platform.warehouse.scanners import AttachedSource
@@ -237,7 +238,7 @@ def write_source(
         read = connection.execute(f"SELECT count(*) FROM {raw}").fetchone()[0]
         hwm = connection.execute(f"SELECT max({source.marker_sql()}) FROM {raw}").fetchone()[0]
         if read and mark_affected:
-            _mark_affected(connection, source, raw)
+            _mark_affected(connection, source, raw, foldable=False)
         return read, read, hwm.replace(tzinfo=UTC) if hwm else None, 0
     if not staged.rows and not staged.gone:
         return staged.read, 0, staged.hwm, 0
@@ -253,11 +254,11 @@ def write_source(
         if mark_affected:
             # A replaced version may have belonged to another message: that message's funnel
             # row changes too.
-            _mark_affected(connection, source, replaced)
+            _mark_affected(connection, source, replaced, fold.foldable(raw, removed=True))
         doomed.append(f"SELECT _row FROM {replaced}")
     if staged.gone:
         if mark_affected:
-            _mark_affected(connection, source, staged.gone)
+            _mark_affected(connection, source, staged.gone, fold.foldable(raw, removed=True))
         doomed.append(f"SELECT _row FROM {staged.gone}")
     deleted = 0
     if doomed:
@@ -269,7 +270,7 @@ def write_source(
         # The insert's own count: the rows to write are a view, evaluated anew by each read.
         loaded = connection.execute(f"INSERT INTO {raw} SELECT * FROM {staged.rows}").fetchone()[0]
         if mark_affected:
-            _mark_affected(connection, source, staged.rows)
+            _mark_affected(connection, source, staged.rows, fold.foldable(raw, removed=False))
     return staged.read, loaded, staged.hwm, deleted
 
 
@@ -281,15 +282,19 @@ def _first_load_column(source: Source, name: str, kind: str) -> str:
     return f'{value} AS "{name}"'
 
 
-def _mark_affected(connection: duckdb.DuckDBPyConnection, source: Source, rows: str) -> None:
-    """Remember which messages' funnel rows the ``rows`` just loaded can change."""
+def _mark_affected(
+    connection: duckdb.DuckDBPyConnection, source: Source, rows: str, foldable: bool
+) -> None:
+    """Remember which messages' funnel rows the ``rows`` just loaded can change, and whether
+    those rows leave them foldable (``fold``)."""
     if source.table is email_outbox:
         connection.execute(
-            f"INSERT INTO {AFFECTED} SELECT m.message_id FROM raw_email_messages AS m "
+            f"INSERT INTO {AFFECTED} SELECT m.message_id, {foldable} FROM raw_email_messages AS m "
             f"WHERE {event_id_range(connection, rows, 'm.event_id')} "
             f"AND m.event_id IN (SELECT event_id FROM {rows})"
         )
     else:
         connection.execute(
-            f"INSERT INTO {AFFECTED} SELECT message_id FROM {rows} WHERE message_id IS NOT NULL"
+            f"INSERT INTO {AFFECTED} SELECT message_id, {foldable} FROM {rows} "
+            "WHERE message_id IS NOT NULL"
         )

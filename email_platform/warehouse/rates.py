@@ -20,8 +20,9 @@ from typing import Any
 
 import duckdb
 
-from email_platform.warehouse.build import FUNNEL, FUNNEL_DAILY, model_sql, shadowed
+from email_platform.warehouse.build import FUNNEL, FUNNEL_DAILY, model_sql
 from email_platform.warehouse.files import connect_read_only
+from email_platform.warehouse.views import shadowed
 
 
 @dataclass(frozen=True)

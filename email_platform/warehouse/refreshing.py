@@ -185,7 +185,9 @@ def _refresh_locked(
             detach(connection, attached)
             raise
         try:
-            connection.execute(f"CREATE OR REPLACE TEMP TABLE {AFFECTED} (message_id BIGINT)")
+            connection.execute(
+                f"CREATE OR REPLACE TEMP TABLE {AFFECTED} (message_id BIGINT, foldable BOOLEAN)"
+            )
             loads = {
                 source.name: write_source(
                     connection, attached, staged[source.name], mark_affected=not rebuild
@@ -206,10 +208,14 @@ def _refresh_locked(
 
             phase = time.perf_counter()
             summary.full_build = rebuild
-            built_counts = build_models(connection, rebuild)
+            # The rows each load wrote (stage tables), for the funnel rows folded from them.
+            written = {s.source.raw_table: s.rows for s in staged.values() if s.rows}
+            built_counts = build_models(connection, rebuild, written)
             summary.messages_rebuilt = built_counts.messages
+            summary.messages_folded = built_counts.folded
             summary.days_rebuilt = built_counts.days
             summary.daily_rows_changed = built_counts.daily_rows
+            summary.daily_rows_kept = built_counts.daily_rows_kept
             summary.daily_rows_read = built_counts.daily_rows_read
             summary.slices = built_counts.slices
             summary.rows_deleted = deleted + built_counts.rows_deleted

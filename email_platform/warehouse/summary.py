@@ -17,10 +17,14 @@ class RefreshSummary:
     rows_removed: dict[str, int] = field(default_factory=dict)
     high_water_marks: dict[str, datetime | None] = field(default_factory=dict)
     messages_rebuilt: int = 0
+    # Of those, the funnel rows folded from only the loaded rows (see ``fold``).
+    messages_folded: int = 0
     days_rebuilt: int = 0
     # The daily rows rewritten (the touched days') and the funnel rows re-aggregated into
     # them; a full build's slices.
     daily_rows_changed: int = 0
+    # Of those, the rows of days only steady folded rows reached (see ``fold``).
+    daily_rows_kept: int = 0
     daily_rows_read: int = 0
     slices: int = 0
     # Rows deleted to replace them (loaded rows that changed, rebuilt funnel and daily rows).

@@ -358,7 +358,8 @@ def test_provider_events_arriving_later_update_the_hand_checked_rows(engine, tmp
     summary = warehouse.refresh(engine, path)
     assert not summary.full_build and summary.rows_loaded["email_events"] == len(later)
     # Messages 1 and 2 had loaded events, message 4 none; the orphan reaches no funnel row.
-    assert summary.messages_rebuilt == 3
+    # Each only got provider events: its old row and the new events are folded together.
+    assert (summary.messages_rebuilt, summary.messages_folded) == (3, 3)
     got = rows(path, "SELECT * FROM email_funnel ORDER BY message_id")
     for expected, actual in zip(EXPECTED_FUNNEL, got, strict=True):
         for column in FUNNEL_COLUMNS:
@@ -482,6 +483,8 @@ def test_changed_and_new_rows_are_loaded_once_and_match_a_full_rebuild(loaded, t
         "email_events": 1,
     }
     assert (summary.messages_rebuilt, summary.days_rebuilt, summary.full_build) == (2, 1, False)
+    # The digest's late click is folded into its old row; the replayed message is rebuilt.
+    assert summary.messages_folded == 1
     got = {r["message_id"]: r for r in rows(path, "SELECT * FROM email_funnel")}
     assert got[3]["final_status"] == "sent" and got[3]["accepted_at"] == naive(9001)
     assert got[3]["dead_letter_status"] == "replayed"
@@ -520,8 +523,11 @@ def test_incremental_refreshes_of_a_generated_history_equal_a_full_build(engine,
         assert not summary.full_build
         # The new messages and the older ones whose status a late open raised.
         assert summary.rows_loaded["email_messages"] == 150 + batch.statuses_raised
-        # The new messages, plus the old ones that got late events (at most 40).
+        # The new messages, plus the old ones that got late events (at most 40), which are
+        # folded: they got only provider events and a raised delivery status.
         assert 150 <= summary.messages_rebuilt <= 190
+        assert summary.messages_rebuilt - summary.messages_folded == 150
+        assert summary.messages_folded > 0
     assert warehouse.refresh(engine, path).total_loaded == 0
     fresh = tmp_path / "fresh.duckdb"
     warehouse.refresh(engine, fresh, full=True)
@@ -664,6 +670,8 @@ def test_a_provider_event_moved_to_another_message_rebuilds_both_rows(engine, tm
     summary = warehouse.refresh(engine, path)
     assert summary.rows_loaded["email_events"] == 1
     assert summary.messages_rebuilt == 2  # the message it left and the one it joined
+    # The one it joined only got a provider event; the one it left lost one: rebuilt.
+    assert summary.messages_folded == 1
     _assert_equals_a_full_build(engine, path, tmp_path)
 
 
@@ -694,6 +702,7 @@ def test_a_provider_event_deleted_at_the_source_leaves_the_warehouse(engine, tmp
     summary = warehouse.refresh(engine, path)
     assert summary.rows_removed["email_events"] == 1
     assert summary.total_loaded == 0 and summary.messages_rebuilt == 1
+    assert summary.messages_folded == 0  # a removed event is not folded: rebuilt
     assert summary.next_writer != "unchanged"
     assert rows(path, funnel)[0]["click_count"] == clicks_before - 1
     gone = (
@@ -748,6 +757,8 @@ def test_a_reused_id_is_a_new_row_not_a_deleted_one(engine, tmp_path):
     summary = warehouse.refresh(engine, path)
     assert summary.rows_loaded["email_events"] == 1
     assert summary.messages_rebuilt == 2  # the message the old row left, the one it joined
+    # The message the old version left is rebuilt; the one the new row joined gained an event.
+    assert summary.messages_folded == 1
     loaded = f"SELECT provider_event_id FROM raw_email_events WHERE email_event_id = {new_id}"
     assert rows(path, loaded) == [{"provider_event_id": "evt_new_one"}]
     _assert_equals_a_full_build(engine, path, tmp_path)

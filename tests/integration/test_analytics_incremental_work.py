@@ -41,8 +41,10 @@ def _work(summary: warehouse.RefreshSummary) -> dict:
         "rows_read": summary.rows_read,
         "rows_loaded": summary.rows_loaded,
         "messages_rebuilt": summary.messages_rebuilt,
+        "messages_folded": summary.messages_folded,
         "days_rebuilt": summary.days_rebuilt,
         "daily_rows_changed": summary.daily_rows_changed,
+        "daily_rows_kept": summary.daily_rows_kept,
         "daily_rows_read": summary.daily_rows_read,
     }
 
@@ -92,6 +94,8 @@ def test_the_same_new_rows_cost_the_same_work_on_a_history_four_times_longer(
     assert _work(on_long) == work
     # The new messages and the old ones their late opens touched, not the history.
     assert 100 < work["messages_rebuilt"] <= 130
+    # The old ones only got late opens: folded from their old rows, not read from raw rows.
+    assert work["messages_rebuilt"] - work["messages_folded"] == 100
     assert work["rows_loaded"]["email_messages"] >= 100
     # The daily rows of the days touched, re-aggregated from those days' funnel rows alone:
     # at most the last two days' (the same in both histories), never the older six.

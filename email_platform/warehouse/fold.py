@@ -1,0 +1,245 @@
+"""Folding what a refresh loaded into the funnel rows it changes, instead of rebuilding them.
+
+Most old messages a refresh reaches only got late provider events (opens, clicks) and a new
+version of their message row (the delivery status those events raised). Rebuilding their funnel
+rows means reading every raw row of each (outbox row, attempts, every provider event), and as
+they are spread over the ~11 days late events reach, the reads cover those days' row groups
+of every raw table. Their old funnel rows already hold what the unchanged raw rows give, so
+the new row is the old one merged with the model run over only the loaded rows, by the
+model's own rules: each step's first time is the earliest of both, counts add up, a hard
+bounce wins; the message's own columns come from its current row; the latencies are worked
+out again from the merged times.
+
+A message is folded only when all its loaded rows are of those two kinds (``foldable``) and it
+has a funnel row. Anything else (an outbox, attempt or dead-letter row; a provider event that
+replaced or removed a loaded one; a message whose event changed) is rebuilt from its raw rows,
+as before.
+
+The daily table follows: a day its refresh reached only through folded rows that kept their
+group and ``accepted_at`` (``steady``) has the same values of ``event_to_accepted_s`` in each
+group, so its daily rows keep their two percentiles of it and the model re-aggregates the rest
+without reading that column (its percentiles were most of the re-aggregation's cost). Any
+other day is re-aggregated whole.
+
+The rules mirror ``analytics/email_funnel.sql`` and ``email_funnel_daily.sql`` as they are
+(``FOLDED_MODELS``): with an edited model nothing is folded and every day is re-aggregated
+whole, until the rules here are checked against it again.
+"""
+
+import hashlib
+from collections.abc import Mapping
+
+import duckdb
+
+from email_platform.warehouse.views import temp_views
+
+# The funnel rows to fold, as they were before this refresh, and as folded (temp tables).
+OLD = "_folded_old"
+FOLDED = "_folded"
+
+# sha256 (first 16 hex digits) of analytics/email_funnel.sql and email_funnel_daily.sql, as
+# the rules here mirror them (``mirrors``).
+FOLDED_MODELS = "590d742e2fd32fda"
+# The daily columns a day whose folded rows are all ``steady`` keeps (see ``steady``), and
+# the one funnel column they are computed from.
+KEPT_DAILY = ("event_to_accepted_p50_s", "event_to_accepted_p95_s")
+KEPT_DAILY_FROM = "event_to_accepted_s"
+
+# The funnel's columns, by the rule that merges them.
+# The message's own (stg_sends), from its current row.
+FROM_MESSAGE = (
+    "message_id", "event_id", "route", "template", "template_version", "lane", "provider",
+    "recipient_domain", "day", "created_at", "accepted_at", "final_status", "delivery_status",
+    "attempts", "locale",
+)  # fmt: skip
+# The outbox's, the attempts' and the dead letters' (nothing of theirs was loaded).
+KEPT = (
+    "event_type", "event_version", "event_occurred_at", "published_at", "first_attempt_at",
+    "dead_lettered_at", "dead_letter_reason", "dead_letter_status", "trace_id",
+    "correlation_id", "producer",
+)  # fmt: skip
+# Each provider step's first occurrence, and its count.
+FIRSTS = (
+    "delivered_at", "first_open_at", "first_click_at", "bounced_at", "complained_at",
+    "unsubscribed_at", "first_machine_open_at",
+)  # fmt: skip
+COUNTS = ("open_count", "machine_open_count", "click_count")
+# latency column: (later step, earlier step), in seconds.
+LATENCIES = {
+    "publish_delay_s": ("published_at", "event_occurred_at"),
+    "queue_delay_s": ("first_attempt_at", "published_at"),
+    "send_duration_s": ("accepted_at", "first_attempt_at"),
+    "event_to_accepted_s": ("accepted_at", "event_occurred_at"),
+    "delivery_delay_s": ("delivered_at", "accepted_at"),
+    "time_to_open_s": ("first_open_at", "accepted_at"),
+    "time_to_click_s": ("first_click_at", "accepted_at"),
+    "time_to_bounce_s": ("bounced_at", "accepted_at"),
+}
+COLUMNS = (*FROM_MESSAGE, *KEPT, *FIRSTS, *COUNTS, "bounce_type", *LATENCIES)
+
+# The stg_sends columns the funnel reads, as an old funnel row holds them.
+_SENDS_FROM_OLD = {
+    **{name: name for name in FROM_MESSAGE if name != "day"},
+    "final_status": "status",
+}
+# A folded row is steady when it stays in its daily group (day, template, lane, provider) with
+# the same accepted_at: the group's values of event_to_accepted_s (accepted_at less the event's
+# time, which a fold keeps) are then the same.
+_STEADY = (
+    "day = _old_day AND accepted_at IS NOT DISTINCT FROM _old_accepted_at AND template IS NOT "
+    "DISTINCT FROM _old_template AND lane IS NOT DISTINCT FROM _old_lane AND provider IS NOT "
+    "DISTINCT FROM _old_provider AS steady"
+)
+_OLD_COLUMNS = tuple(name for name in COLUMNS if name not in LATENCIES)
+# The raw tables whose loaded rows never fold: their rows are only in the old funnel rows.
+_UNLOADED = ("raw_email_outbox", "raw_email_attempts", "raw_dead_letters")
+
+
+def models_digest(funnel_sql: str, daily_sql: str) -> str:
+    return hashlib.sha256((funnel_sql + daily_sql).encode()).hexdigest()[:16]
+
+
+def mirrors(funnel_sql: str, daily_sql: str) -> bool:
+    """Whether the rules here were checked against these models (else nothing is folded)."""
+    return models_digest(funnel_sql, daily_sql) == FOLDED_MODELS
+
+
+def foldable(raw_table: str, *, removed: bool) -> bool:
+    """Whether the load's rows of ``raw_table`` leave their messages' funnel rows foldable:
+    rows written to the messages or the provider events (a new version of a message row,
+    provider events added), or a message row's old version removed. A provider event's removed
+    version (deleted at the source, or replaced by one that may belong to another message)
+    takes a step or a count away, which no merge undoes: its message is rebuilt."""
+    if removed:
+        return raw_table == "raw_email_messages"
+    return raw_table in ("raw_email_messages", "raw_email_events")
+
+
+def take_old_rows(
+    connection: duckdb.DuckDBPyConnection,
+    funnel: str,
+    affected: str,
+    loaded: Mapping[str, str],
+    enabled: bool,
+) -> int:
+    """Keep, in ``OLD``, the funnel rows of the messages the load left foldable (every row of
+    theirs it loaded was ``foldable``); return how many: none unless ``enabled`` (the models
+    are the ones the rules mirror). ``loaded`` names, per raw table, the rows the load
+    wrote."""
+    if not enabled:
+        connection.execute(f"CREATE OR REPLACE TEMP TABLE {OLD} (message_id BIGINT)")
+        return 0
+    # The latencies are worked out again: the rest of the columns.
+    connection.execute(
+        f"CREATE OR REPLACE TEMP TABLE {OLD} AS SELECT {', '.join(_OLD_COLUMNS)} FROM {funnel} "
+        f"WHERE message_id IN (SELECT message_id FROM {affected} GROUP BY message_id "
+        "HAVING bool_and(foldable))"
+    )
+    if "raw_email_messages" in loaded:
+        # A message row now naming another event: its event's columns are not the old ones.
+        connection.execute(
+            f"DELETE FROM {OLD} AS o USING {loaded['raw_email_messages']} AS m "
+            "WHERE m.message_id = o.message_id AND m.event_id IS DISTINCT FROM o.event_id"
+        )
+    return connection.execute(f"SELECT count(*) FROM {OLD}").fetchone()[0]
+
+
+def insert_folded(
+    connection: duckdb.DuckDBPyConnection,
+    funnel: str,
+    model: str,
+    loaded: Mapping[str, str],
+) -> int:
+    """Insert the folded rows of the messages in ``OLD`` (their old rows already deleted from
+    ``funnel``): the model over only the loaded rows, merged with the old rows."""
+    database = connection.execute("SELECT current_database()").fetchone()[0]
+    mine = f"message_id IN (SELECT message_id FROM {OLD})"
+    views = {
+        table: f"SELECT * FROM {loaded[table]} WHERE {mine}"
+        if table in loaded
+        else f'SELECT * FROM "{database}".main.{table} WHERE false'
+        for table in ("raw_email_messages", "raw_email_events")
+    }
+    views.update(
+        {table: f'SELECT * FROM "{database}".main.{table} WHERE false' for table in _UNLOADED}
+    )
+    # Every folded message drives one row of the model: from its loaded message row (through
+    # stg_sends, which leaves out a message now marked a test send), else from its old row.
+    old_sends = ", ".join(f"{old} AS {name}" for old, name in _SENDS_FROM_OLD.items())
+    views["stg_sends"] = (
+        f'SELECT * FROM "{database}".main.stg_sends UNION ALL BY NAME '
+        f"SELECT {old_sends} FROM {OLD} "
+        "WHERE message_id NOT IN (SELECT message_id FROM temp.main.raw_email_messages)"
+    )
+    merged = [f"f.{name}" for name in FROM_MESSAGE]
+    merged += [f"o.{name}" for name in KEPT]
+    merged += [f"least(o.{name}, f.{name}) AS {name}" for name in FIRSTS]
+    merged += [f"o.{name} + f.{name} AS {name}" for name in COUNTS]
+    # One hard bounce makes the message hard-bounced, whatever order they came in.
+    merged.append(
+        "CASE WHEN 'hard' IN (o.bounce_type, f.bounce_type) THEN 'hard' "
+        "ELSE coalesce(o.bounce_type, f.bounce_type) END AS bounce_type"
+    )
+    latencies = ", ".join(
+        f"(epoch_ms({later}) - epoch_ms({earlier})) / 1000.0 AS {name}"
+        for name, (later, earlier) in LATENCIES.items()
+    )
+    with temp_views(connection, views):
+        connection.execute(
+            f"CREATE OR REPLACE TEMP TABLE {FOLDED} AS SELECT *, {latencies}, {_STEADY} "
+            "FROM (SELECT "
+            + ", ".join(merged)
+            + f", o.day AS _old_day, o.accepted_at AS _old_accepted_at, o.template AS "
+            "_old_template, o.lane AS _old_lane, o.provider AS _old_provider "
+            f"FROM (\n{model}\n) AS f JOIN {OLD} AS o USING (message_id))"
+        )
+    return connection.execute(
+        f"INSERT INTO {funnel} BY NAME SELECT * EXCLUDE (steady, _old_day, _old_accepted_at, "
+        f"_old_template, _old_lane, _old_provider) FROM {FOLDED}"
+    ).fetchone()[0]
+
+
+def folded_days() -> str:
+    """The days of the folded rows (old and new), each with whether its rows were steady; a
+    folded message whose row went (now a test send) was not."""
+    return (
+        f"SELECT day, steady FROM {FOLDED} UNION ALL SELECT _old_day, steady FROM {FOLDED} "
+        f"UNION ALL SELECT day, false FROM {OLD} WHERE message_id NOT IN "
+        f"(SELECT message_id FROM {FOLDED})"
+    )
+
+
+# The daily rows' percentiles kept for the steady days (a temp table).
+_KEPT = "_kept_daily"
+_GROUP = ("day", "template", "lane", "provider")
+
+
+def keep_daily(connection: duckdb.DuckDBPyConnection, daily: str, steady: str) -> int:
+    """Keep the ``KEPT_DAILY`` columns of the steady days' daily rows, before they are deleted;
+    return how many rows."""
+    connection.execute(
+        f"CREATE OR REPLACE TEMP TABLE {_KEPT} AS SELECT {', '.join((*_GROUP, *KEPT_DAILY))} "
+        f"FROM {daily} WHERE {steady}"
+    )
+    return connection.execute(f"SELECT count(*) FROM {_KEPT}").fetchone()[0]
+
+
+def insert_steady_daily(
+    connection: duckdb.DuckDBPyConnection, funnel: str, daily: str, daily_model: str, steady: str
+) -> int:
+    """The steady days' daily rows: the model over their funnel rows, less the column the kept
+    percentiles come from (reading and sorting it is most of the re-aggregation), with the
+    kept percentiles. A steady day has the same groups as before, each with the same values
+    of that column."""
+    database = connection.execute("SELECT current_database()").fetchone()[0]
+    view = (
+        f"SELECT * REPLACE (CAST(NULL AS DOUBLE) AS {KEPT_DAILY_FROM}) "
+        f'FROM "{database}".main.{funnel} WHERE {steady}'
+    )
+    same_group = " AND ".join(f"k.{name} IS NOT DISTINCT FROM n.{name}" for name in _GROUP)
+    kept = ", ".join(f"k.{name} AS {name}" for name in KEPT_DAILY)
+    with temp_views(connection, {funnel: view}):
+        return connection.execute(
+            f"INSERT INTO {daily} BY NAME SELECT n.* REPLACE ({kept}) FROM (\n{daily_model}\n) "
+            f"AS n JOIN {_KEPT} AS k ON {same_group} ORDER BY ALL"
+        ).fetchone()[0]
