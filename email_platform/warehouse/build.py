@@ -224,7 +224,9 @@ def build_models(
         f"(SELECT message_id FROM {fold.OLD})) AS steady FROM {FUNNEL} WHERE {touched} "
         "GROUP BY day"
     )
-    deleted = connection.execute(f"DELETE FROM {FUNNEL} WHERE {touched}").fetchone()[0]
+    deleted = connection.execute(
+        f"DELETE FROM {FUNNEL} WHERE message_id IN (SELECT message_id FROM _scope)"
+    ).fetchone()[0]
     new_days = "SELECT day, false AS steady FROM _rebuilt_days"
     connection.execute("CREATE OR REPLACE TEMP TABLE _rebuilt_days (day DATE)")
     if rebuilt:
@@ -240,7 +242,7 @@ def build_models(
             "WHERE message_id IN (SELECT message_id FROM _scope)"
         )
     if folded:
-        fold.insert_folded(connection, FUNNEL, model, loaded or {})
+        deleted += fold.insert_folded(connection, FUNNEL, model, loaded or {})
         new_days += f" UNION ALL {fold.folded_days()}"
     connection.execute(
         "CREATE OR REPLACE TEMP TABLE _days AS SELECT day, bool_and(steady) AS steady FROM "

@@ -82,15 +82,13 @@ _SENDS_FROM_OLD = {
     **{name: name for name in FROM_MESSAGE if name != "day"},
     "final_status": "status",
 }
-# A folded row is steady when it stays in its daily group (day, template, lane, provider) with
-# the same accepted_at: the group's values of event_to_accepted_s (accepted_at less the event's
-# time, which a fold keeps) are then the same.
-_STEADY = (
-    "day = _old_day AND accepted_at IS NOT DISTINCT FROM _old_accepted_at AND template IS NOT "
-    "DISTINCT FROM _old_template AND lane IS NOT DISTINCT FROM _old_lane AND provider IS NOT "
-    "DISTINCT FROM _old_provider AS steady"
+# The daily table's group. A folded row is steady when it stays in its group with the same
+# accepted_at: the group's values of event_to_accepted_s (accepted_at less the event's time,
+# which a fold keeps) are then the same.
+_GROUP = ("day", "template", "lane", "provider")
+_STEADY = " AND ".join(
+    f"n.{name} IS NOT DISTINCT FROM o.{name}" for name in (*_GROUP, "accepted_at")
 )
-_OLD_COLUMNS = tuple(name for name in COLUMNS if name not in LATENCIES)
 # The raw tables whose loaded rows never fold: their rows are only in the old funnel rows.
 _UNLOADED = ("raw_email_outbox", "raw_email_attempts", "raw_dead_letters")
 
@@ -122,18 +120,19 @@ def take_old_rows(
     loaded: Mapping[str, str],
     enabled: bool,
 ) -> int:
-    """Keep, in ``OLD``, the funnel rows of the messages the load left foldable (every row of
-    theirs it loaded was ``foldable``); return how many: none unless ``enabled`` (the models
-    are the ones the rules mirror). ``loaded`` names, per raw table, the rows the load
-    wrote."""
+    """Note, in ``OLD``, the funnel rows of the messages the load left foldable (every row of
+    theirs it loaded was ``foldable``): their ids, row ids and what ``steady`` compares; return
+    how many: none unless ``enabled`` (the models are the ones the rules mirror). ``loaded``
+    names, per raw table, the rows the load wrote."""
     if not enabled:
         connection.execute(f"CREATE OR REPLACE TEMP TABLE {OLD} (message_id BIGINT)")
         return 0
-    # The latencies are worked out again: the rest of the columns.
+    # Narrow: a wide temp table costs more to write than the old rows' columns cost to read
+    # again by row id when they are merged.
     connection.execute(
-        f"CREATE OR REPLACE TEMP TABLE {OLD} AS SELECT {', '.join(_OLD_COLUMNS)} FROM {funnel} "
-        f"WHERE message_id IN (SELECT message_id FROM {affected} GROUP BY message_id "
-        "HAVING bool_and(foldable))"
+        f"CREATE OR REPLACE TEMP TABLE {OLD} AS SELECT rowid AS _row, message_id, event_id, "
+        f"{', '.join(_GROUP)}, accepted_at FROM {funnel} WHERE message_id IN "
+        f"(SELECT message_id FROM {affected} GROUP BY message_id HAVING bool_and(foldable))"
     )
     if "raw_email_messages" in loaded:
         # A message row now naming another event: its event's columns are not the old ones.
@@ -150,9 +149,11 @@ def insert_folded(
     model: str,
     loaded: Mapping[str, str],
 ) -> int:
-    """Insert the folded rows of the messages in ``OLD`` (their old rows already deleted from
-    ``funnel``): the model over only the loaded rows, merged with the old rows."""
+    """Replace the funnel rows of the messages in ``OLD`` with their folded rows: the model
+    over only the loaded rows, merged with the old rows; return how many old rows went. Then
+    note, in ``FOLDED``, each message's old and new day and whether it was ``steady``."""
     database = connection.execute("SELECT current_database()").fetchone()[0]
+    old_rows = f'(SELECT * FROM "{database}".main.{funnel} WHERE rowid IN (SELECT _row FROM {OLD}))'
     mine = f"message_id IN (SELECT message_id FROM {OLD})"
     views = {
         table: f"SELECT * FROM {loaded[table]} WHERE {mine}"
@@ -168,7 +169,7 @@ def insert_folded(
     old_sends = ", ".join(f"{old} AS {name}" for old, name in _SENDS_FROM_OLD.items())
     views["stg_sends"] = (
         f'SELECT * FROM "{database}".main.stg_sends UNION ALL BY NAME '
-        f"SELECT {old_sends} FROM {OLD} "
+        f"SELECT {old_sends} FROM {old_rows} "
         "WHERE message_id NOT IN (SELECT message_id FROM temp.main.raw_email_messages)"
     )
     merged = [f"f.{name}" for name in FROM_MESSAGE]
@@ -184,34 +185,37 @@ def insert_folded(
         f"(epoch_ms({later}) - epoch_ms({earlier})) / 1000.0 AS {name}"
         for name, (later, earlier) in LATENCIES.items()
     )
+    # Inserted before the old rows go, so the merge reads them where they are. (Rows written
+    # in the transaction have row ids of their own: the delete by row id spares them.)
     with temp_views(connection, views):
         connection.execute(
-            f"CREATE OR REPLACE TEMP TABLE {FOLDED} AS SELECT *, {latencies}, {_STEADY} "
-            "FROM (SELECT "
+            f"INSERT INTO {funnel} BY NAME SELECT *, {latencies} FROM (SELECT "
             + ", ".join(merged)
-            + f", o.day AS _old_day, o.accepted_at AS _old_accepted_at, o.template AS "
-            "_old_template, o.lane AS _old_lane, o.provider AS _old_provider "
-            f"FROM (\n{model}\n) AS f JOIN {OLD} AS o USING (message_id))"
+            + f" FROM (\n{model}\n) AS f JOIN {old_rows} AS o USING (message_id))"
         )
-    return connection.execute(
-        f"INSERT INTO {funnel} BY NAME SELECT * EXCLUDE (steady, _old_day, _old_accepted_at, "
-        f"_old_template, _old_lane, _old_provider) FROM {FOLDED}"
+    deleted = connection.execute(
+        f"DELETE FROM {funnel} WHERE rowid IN (SELECT _row FROM {OLD})"
     ).fetchone()[0]
+    connection.execute(
+        f"CREATE OR REPLACE TEMP TABLE {FOLDED} AS SELECT o.message_id, o.day AS _old_day, "
+        f"n.day, coalesce({_STEADY}, false) AS steady FROM {OLD} AS o LEFT JOIN "
+        f"(SELECT message_id, {', '.join(_GROUP)}, accepted_at FROM {funnel} WHERE {mine}) "
+        "AS n USING (message_id)"
+    )
+    return deleted
 
 
 def folded_days() -> str:
     """The days of the folded rows (old and new), each with whether its rows were steady; a
     folded message whose row went (now a test send) was not."""
     return (
-        f"SELECT day, steady FROM {FOLDED} UNION ALL SELECT _old_day, steady FROM {FOLDED} "
-        f"UNION ALL SELECT day, false FROM {OLD} WHERE message_id NOT IN "
-        f"(SELECT message_id FROM {FOLDED})"
+        f"SELECT _old_day AS day, steady FROM {FOLDED} "
+        f"UNION ALL SELECT day, steady FROM {FOLDED} WHERE day IS NOT NULL"
     )
 
 
 # The daily rows' percentiles kept for the steady days (a temp table).
 _KEPT = "_kept_daily"
-_GROUP = ("day", "template", "lane", "provider")
 
 
 def keep_daily(connection: duckdb.DuckDBPyConnection, daily: str, steady: str) -> int:
