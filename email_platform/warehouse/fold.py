@@ -33,15 +33,16 @@ import duckdb
 
 from email_platform.warehouse.views import temp_views
 
-# The funnel rows to fold, as they were before this refresh, and as folded (temp tables).
+# Temp tables: the funnel rows to fold, as keys (ids, row ids, daily group) before the fold;
+# each folded message's old and new day and whether it was steady, after it.
 OLD = "_folded_old"
 FOLDED = "_folded"
 
 # sha256 (first 16 hex digits) of analytics/email_funnel.sql and email_funnel_daily.sql, as
 # the rules here mirror them (``mirrors``).
 FOLDED_MODELS = "590d742e2fd32fda"
-# The daily columns a day whose folded rows are all ``steady`` keeps (see ``steady``), and
-# the one funnel column they are computed from.
+# The daily columns a day whose folded rows are all steady keeps (see ``_STEADY``), and the
+# one funnel column they are computed from.
 KEPT_DAILY = ("event_to_accepted_p50_s", "event_to_accepted_p95_s")
 KEPT_DAILY_FROM = "event_to_accepted_s"
 
