@@ -218,7 +218,7 @@ def build_models(
     touched = (
         f"message_id IN (SELECT message_id FROM _scope UNION ALL SELECT message_id FROM {fold.OLD})"
     )
-    # The days of the rows replaced; a rebuilt message's day is not steady (``fold.steady``).
+    # The days of the rows replaced; a rebuilt message's day is not steady (see ``fold``).
     connection.execute(
         "CREATE OR REPLACE TEMP TABLE _old_days AS SELECT day, bool_and(message_id IN "
         f"(SELECT message_id FROM {fold.OLD})) AS steady FROM {FUNNEL} WHERE {touched} "

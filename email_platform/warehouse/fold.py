@@ -31,7 +31,7 @@ from collections.abc import Mapping
 
 import duckdb
 
-from email_platform.warehouse.views import temp_views
+from email_platform.warehouse.views import main_table, shadowed, temp_views
 
 # Temp tables: the funnel rows to fold, as keys (ids, row ids, daily group) before the fold;
 # each folded message's old and new day and whether it was steady, after it.
@@ -90,7 +90,7 @@ _GROUP = ("day", "template", "lane", "provider")
 _STEADY = " AND ".join(
     f"n.{name} IS NOT DISTINCT FROM o.{name}" for name in (*_GROUP, "accepted_at")
 )
-# The raw tables whose loaded rows never fold: their rows are only in the old funnel rows.
+# The raw tables whose loaded rows never fold: what they give is only in the old funnel rows.
 _UNLOADED = ("raw_email_outbox", "raw_email_attempts", "raw_dead_letters")
 
 
@@ -153,23 +153,23 @@ def insert_folded(
     """Replace the funnel rows of the messages in ``OLD`` with their folded rows: the model
     over only the loaded rows, merged with the old rows; return how many old rows went. Then
     note, in ``FOLDED``, each message's old and new day and whether it was ``steady``."""
-    database = connection.execute("SELECT current_database()").fetchone()[0]
-    old_rows = f'(SELECT * FROM "{database}".main.{funnel} WHERE rowid IN (SELECT _row FROM {OLD}))'
-    mine = f"message_id IN (SELECT message_id FROM {OLD})"
-    views = {
-        table: f"SELECT * FROM {loaded[table]} WHERE {mine}"
-        if table in loaded
-        else f'SELECT * FROM "{database}".main.{table} WHERE false'
-        for table in ("raw_email_messages", "raw_email_events")
-    }
-    views.update(
-        {table: f'SELECT * FROM "{database}".main.{table} WHERE false' for table in _UNLOADED}
+    old_rows = (
+        f"(SELECT * FROM {main_table(connection, funnel)} WHERE rowid IN (SELECT _row FROM {OLD}))"
     )
+    mine = f"message_id IN (SELECT message_id FROM {OLD})"
+    # No rows from the tables nothing foldable was loaded into; the loaded rows of the others.
+    empty = dict.fromkeys(_UNLOADED, "false")
+    views = {}
+    for table in ("raw_email_messages", "raw_email_events"):
+        if table in loaded:
+            views[table] = f"SELECT * FROM {loaded[table]} WHERE {mine}"
+        else:
+            empty[table] = "false"
     # Every folded message drives one row of the model: from its loaded message row (through
     # stg_sends, which leaves out a message now marked a test send), else from its old row.
     old_sends = ", ".join(f"{old} AS {name}" for old, name in _SENDS_FROM_OLD.items())
     views["stg_sends"] = (
-        f'SELECT * FROM "{database}".main.stg_sends UNION ALL BY NAME '
+        f"SELECT * FROM {main_table(connection, 'stg_sends')} UNION ALL BY NAME "
         f"SELECT {old_sends} FROM {old_rows} "
         "WHERE message_id NOT IN (SELECT message_id FROM temp.main.raw_email_messages)"
     )
@@ -188,7 +188,7 @@ def insert_folded(
     )
     # Inserted before the old rows go, so the merge reads them where they are. (Rows written
     # in the transaction have row ids of their own: the delete by row id spares them.)
-    with temp_views(connection, views):
+    with shadowed(connection, empty), temp_views(connection, views):
         connection.execute(
             f"INSERT INTO {funnel} BY NAME SELECT *, {latencies} FROM (SELECT "
             + ", ".join(merged)
@@ -236,10 +236,9 @@ def insert_steady_daily(
     percentiles come from (reading and sorting it is most of the re-aggregation), with the
     kept percentiles. A steady day has the same groups as before, each with the same values
     of that column."""
-    database = connection.execute("SELECT current_database()").fetchone()[0]
     view = (
         f"SELECT * REPLACE (CAST(NULL AS DOUBLE) AS {KEPT_DAILY_FROM}) "
-        f'FROM "{database}".main.{funnel} WHERE {steady}'
+        f"FROM {main_table(connection, funnel)} WHERE {steady}"
     )
     same_group = " AND ".join(f"k.{name} IS NOT DISTINCT FROM n.{name}" for name in _GROUP)
     kept = ", ".join(f"k.{name} AS {name}" for name in KEPT_DAILY)

@@ -25,6 +25,13 @@ def temp_views(connection: duckdb.DuckDBPyConnection, views: dict[str, str]) -> 
             connection.execute(f"DROP VIEW IF EXISTS temp.main.{name}")
 
 
+def main_table(connection: duckdb.DuckDBPyConnection, name: str) -> str:
+    """``name`` in the database's own main schema, past any temp view of that name. Fully
+    qualified: inside the temp catalog, a bare ``main.`` names the temp schema itself."""
+    database = connection.execute("SELECT current_database()").fetchone()[0]
+    return f'"{database}".main.{name}'
+
+
 @contextmanager
 def shadowed(connection: duckdb.DuckDBPyConnection, filters: dict[str, str]) -> Iterator[None]:
     """Shadow each named table with a temp view of only its rows matching the filter, for the
@@ -32,12 +39,10 @@ def shadowed(connection: duckdb.DuckDBPyConnection, filters: dict[str, str]) -> 
     change instead of aggregating everything and filtering afterwards (the filter does not push
     through their GROUP BYs). Views, not tables: each reader then scans only the columns it
     needs, and zone maps skip the row groups the filter rules out."""
-    database = connection.execute("SELECT current_database()").fetchone()[0]
-    # Fully qualified: inside the temp catalog, a bare ``main.`` names the temp schema itself.
     with temp_views(
         connection,
         {
-            table: f'SELECT * FROM "{database}".main.{table} WHERE {condition}'
+            table: f"SELECT * FROM {main_table(connection, table)} WHERE {condition}"
             for table, condition in filters.items()
         },
     ):
