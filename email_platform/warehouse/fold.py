@@ -78,11 +78,6 @@ LATENCIES = {
 }
 COLUMNS = (*FROM_MESSAGE, *KEPT, *FIRSTS, *COUNTS, "bounce_type", *LATENCIES)
 
-# The stg_sends columns the funnel reads, as an old funnel row holds them.
-_SENDS_FROM_OLD = {
-    **{name: name for name in FROM_MESSAGE if name != "day"},
-    "final_status": "status",
-}
 # The daily table's group. A folded row is steady when it stays in its group with the same
 # accepted_at: the group's values of event_to_accepted_s (accepted_at less the event's time,
 # which a fold keeps) are then the same.
@@ -166,14 +161,18 @@ def insert_folded(
         else:
             empty[table] = "false"
     # Every folded message drives one row of the model: from its loaded message row (through
-    # stg_sends, which leaves out a message now marked a test send), else from its old row.
-    old_sends = ", ".join(f"{old} AS {name}" for old, name in _SENDS_FROM_OLD.items())
+    # stg_sends, which leaves out a message now marked a test send), else from its id alone;
+    # its own columns then come from its old row. (A message row always names its event, so
+    # a row without event_id is one of those: the model's provider steps need only the id.)
     views["stg_sends"] = (
         f"SELECT * FROM {main_table(connection, 'stg_sends')} UNION ALL BY NAME "
-        f"SELECT {old_sends} FROM {old_rows} "
+        f"SELECT message_id FROM {OLD} "
         "WHERE message_id NOT IN (SELECT message_id FROM temp.main.raw_email_messages)"
     )
-    merged = [f"f.{name}" for name in FROM_MESSAGE]
+    merged = [
+        f"CASE WHEN f.event_id IS NULL THEN o.{name} ELSE f.{name} END AS {name}"
+        for name in FROM_MESSAGE
+    ]
     merged += [f"o.{name}" for name in KEPT]
     merged += [f"least(o.{name}, f.{name}) AS {name}" for name in FIRSTS]
     merged += [f"o.{name} + f.{name} AS {name}" for name in COUNTS]
