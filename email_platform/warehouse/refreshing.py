@@ -19,10 +19,9 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from sqlalchemy import Engine
+from sqlalchemy import URL, Engine, make_url
 
 from email_platform.common import config
-from email_platform.db.engine import make_engine
 from email_platform.db.schema import email_events
 from email_platform.observability import tracing
 from email_platform.warehouse.build import (
@@ -85,41 +84,39 @@ def refresh(
         if memory_limit is None
         else config.checked_memory(memory_limit, "memory_limit")
     )
-    engine = make_engine(database) if isinstance(database, str) else database
-    try:
-        # One span per refresh, linked to no event: a refresh loads thousands of traces' rows,
-        # and those rows carry their trace_id (stg_events, email_funnel) to join on instead.
-        with (
-            tracing.start_span(
-                "email_platform.warehouse.refresh", attributes={"warehouse.full": full}
-            ) as span,
-            writer_lock(warehouse_path),
-        ):
-            summary = _refresh_locked(
-                engine,
-                Path(warehouse_path),
-                full=full,
-                lookback_s=lookback_s,
-                publish=publish,
-                memory_limit=memory_limit,
-            )
-            tracing.set_attributes(
-                span,
-                {
-                    "warehouse.full_build": summary.full_build,
-                    "warehouse.rows_loaded": summary.total_loaded,
-                    "warehouse.messages_rebuilt": summary.messages_rebuilt,
-                    "warehouse.next_writer": summary.next_writer,
-                },
-            )
-            return summary
-    finally:
-        if isinstance(database, str):
-            engine.dispose()
+    # The scanners read the database themselves: only its URL is needed (making an engine
+    # here cost a SQLAlchemy dialect's import on the way to visibility).
+    source = make_url(database) if isinstance(database, str) else database.url
+    # One span per refresh, linked to no event: a refresh loads thousands of traces' rows,
+    # and those rows carry their trace_id (stg_events, email_funnel) to join on instead.
+    with (
+        tracing.start_span(
+            "email_platform.warehouse.refresh", attributes={"warehouse.full": full}
+        ) as span,
+        writer_lock(warehouse_path),
+    ):
+        summary = _refresh_locked(
+            source,
+            Path(warehouse_path),
+            full=full,
+            lookback_s=lookback_s,
+            publish=publish,
+            memory_limit=memory_limit,
+        )
+        tracing.set_attributes(
+            span,
+            {
+                "warehouse.full_build": summary.full_build,
+                "warehouse.rows_loaded": summary.total_loaded,
+                "warehouse.messages_rebuilt": summary.messages_rebuilt,
+                "warehouse.next_writer": summary.next_writer,
+            },
+        )
+        return summary
 
 
 def _refresh_locked(
-    engine: Engine,
+    source: URL,
     warehouse_path: Path,
     *,
     full: bool,
@@ -161,7 +158,7 @@ def _refresh_locked(
         phase = time.perf_counter()
         fingerprint = models_fingerprint()
         rebuild = full or state_value(connection, "models") != fingerprint
-        attached = attach(connection, engine)
+        attached = attach(connection, source)
         connection.execute(f"ATTACH ':memory:' AS {STAGE}")
         since = {
             source.name: (mark - timedelta(seconds=lookback_s))

@@ -124,10 +124,10 @@ class AttachedSource:
 
 
 def attach(
-    connection: duckdb.DuckDBPyConnection, engine: Engine, alias: str = "source"
+    connection: duckdb.DuckDBPyConnection, database: URL | Engine, alias: str = "source"
 ) -> AttachedSource:
-    """Attach the engine's database read-only to ``connection`` as ``alias``."""
-    url = engine.url
+    """Attach the database (its URL, or an engine's) read-only to ``connection`` as ``alias``."""
+    url = database.url if isinstance(database, Engine) else database
     if url.get_backend_name() == "sqlite":
         extension, package, kind, function = _SQLITE
         database = url.database or ""

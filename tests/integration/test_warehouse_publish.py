@@ -208,6 +208,40 @@ def test_a_reader_in_this_process_keeps_its_snapshot(history, tmp_path):
     assert_equals_a_full_build(history.url, path, tmp_path)
 
 
+def test_asking_whether_a_file_is_held_keeps_this_process_readers_locks(tmp_path):
+    """Closing any descriptor of a file drops all of this process's POSIX locks on it: the check
+    must not open one while a reader here holds the file, or another process could write
+    under that reader."""
+    path = tmp_path / "warehouse.duckdb"
+    connection = files.connect(path, read_only=False)
+    try:
+        state.ensure_schema(connection)  # the tables the other process's reader reads
+        for table in ("email_funnel", "email_funnel_daily"):
+            connection.execute(f"CREATE TABLE {table} (message_id BIGINT)")
+    finally:
+        connection.close()
+    assert not files.held_open(path)
+    reader = warehouse.connect_read_only(path)
+    try:
+        assert files.held_open(path) and files.held_open(path)
+        writer = subprocess.run(
+            [sys.executable, "-c", "import duckdb, sys; duckdb.connect(sys.argv[1])", str(path)],
+            capture_output=True,
+            text=True,
+        )
+        assert writer.returncode != 0 and "lock" in writer.stderr.lower()
+    finally:
+        reader.close()
+    assert not files.held_open(path)
+    other = Reader(path)
+    try:
+        other.read()  # the other process has the file open
+        assert files.held_open(path)
+    finally:
+        other.close()
+    assert not files.held_open(path)
+
+
 def test_a_reader_that_locks_after_the_check_gets_a_copy_made_instead(
     history, tmp_path, monkeypatch
 ):
