@@ -159,6 +159,12 @@ def connect_writer(warehouse_path: Path, writer: Path, *, whole: bool) -> duckdb
     return connect(writer, read_only=False)
 
 
+def detach_writer(connection: duckdb.DuckDBPyConnection) -> None:
+    """Close the writer file (and release its lock) but not the connection that held it."""
+    connection.execute("USE memory")
+    connection.execute(f"DETACH {WRITER_CATALOG}")
+
+
 def prepare_next_writer(snapshot: Path, writer: Path, retired: Path | None) -> str:
     """Give the next refresh a private writer file equal to the new snapshot; returns how it
     was made: "patched" or "copied".

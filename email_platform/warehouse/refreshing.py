@@ -19,6 +19,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import duckdb
 from sqlalchemy import URL, Engine, make_url
 
 from email_platform.common import config
@@ -35,6 +36,7 @@ from email_platform.warehouse.files import (
     connect,
     connect_writer,
     copy_durably,
+    detach_writer,
     held_open,
     literal,
     prepare_next_writer,
@@ -239,29 +241,35 @@ def _refresh_locked(
             connection.execute(f"DETACH {STAGE}")
         # A no-op after the commit's checkpoint; here in case the commit could not take one.
         connection.execute("CHECKPOINT")
+        # The writer file is closed here, its lock with it; the connection's own teardown
+        # (freeing what the refresh held in memory) waits until the new snapshot is visible.
+        detach_writer(connection)
         summary.timings_s["checkpoint"] = time.perf_counter() - phase
-    finally:
-        connection.close()
-        # DuckDB removes what it spilled, not the directory it made for it.
-        shutil.rmtree(spill_path(warehouse_path), ignore_errors=True)
+    except BaseException:
+        _close(connection, warehouse_path)
+        raise
     built = writer
-    if unchanged:
-        built = warehouse_path
-        summary.timings_s.update(publish=0.0, prepare_next=0.0)
-        summary.timings_s["visible"] = time.perf_counter() - started
-        summary.next_writer = "unchanged"
-    elif publish:
-        phase = time.perf_counter()
-        warehouse_path.parent.mkdir(parents=True, exist_ok=True)
-        # The old snapshot keeps a second name through the swap: it becomes the next writer
-        # file (or is unlinked) after the new data is visible.
-        retired = retire(warehouse_path)
-        # The closed, checkpointed writer file becomes the snapshot in one rename: readers see
-        # the new data now, and nothing writes that file again.
-        os.replace(writer, warehouse_path)
-        built = warehouse_path
-        summary.timings_s["publish"] = time.perf_counter() - phase
-        summary.timings_s["visible"] = time.perf_counter() - started
+    try:
+        if unchanged:
+            built = warehouse_path
+            summary.timings_s.update(publish=0.0, prepare_next=0.0)
+            summary.timings_s["visible"] = time.perf_counter() - started
+            summary.next_writer = "unchanged"
+        elif publish:
+            phase = time.perf_counter()
+            warehouse_path.parent.mkdir(parents=True, exist_ok=True)
+            # The old snapshot keeps a second name through the swap: it becomes the next
+            # writer file (or is unlinked) after the new data is visible.
+            retired = retire(warehouse_path)
+            # The closed, checkpointed writer file becomes the snapshot in one rename: readers
+            # see the new data now, and nothing writes that file again.
+            os.replace(writer, warehouse_path)
+            built = warehouse_path
+            summary.timings_s["publish"] = time.perf_counter() - phase
+            summary.timings_s["visible"] = time.perf_counter() - started
+    finally:
+        _close(connection, warehouse_path)
+    if publish and not unchanged:
         phase = time.perf_counter()
         summary.next_writer = prepare_next_writer(warehouse_path, writer, retired)
         summary.timings_s["prepare_next"] = time.perf_counter() - phase
@@ -285,3 +293,9 @@ def _refresh_locked(
     summary.timings_s["total"] = time.perf_counter() - started
     summary.finished_at = datetime.now(UTC)
     return summary
+
+
+def _close(connection: duckdb.DuckDBPyConnection, warehouse_path: Path) -> None:
+    connection.close()
+    # DuckDB removes what it spilled, not the directory it made for it.
+    shutil.rmtree(spill_path(warehouse_path), ignore_errors=True)
