@@ -159,10 +159,17 @@ def connect_writer(warehouse_path: Path, writer: Path, *, whole: bool) -> duckdb
     return connect(writer, read_only=False)
 
 
-def detach_writer(connection: duckdb.DuckDBPyConnection) -> None:
-    """Close the writer file (and release its lock) but not the connection that held it."""
+def detach_writer(connection: duckdb.DuckDBPyConnection, writer: Path) -> None:
+    """Close the writer file (and release its lock) but not the connection that held it.
+
+    DETACH leaves the file open while another cursor of the connection is in a transaction
+    that read it: then the whole connection is closed, so no file of this process's is ever
+    published open (its lock would refuse readers, and closing it later could write to it).
+    """
     connection.execute("USE memory")
     connection.execute(f"DETACH {WRITER_CATALOG}")
+    if _open_in_this_process(os.stat(writer)):
+        connection.close()
 
 
 def prepare_next_writer(snapshot: Path, writer: Path, retired: Path | None) -> str:

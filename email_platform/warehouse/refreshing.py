@@ -243,7 +243,7 @@ def _refresh_locked(
         connection.execute("CHECKPOINT")
         # The writer file is closed here, its lock with it; the connection's own teardown
         # (freeing what the refresh held in memory) waits until the new snapshot is visible.
-        detach_writer(connection)
+        detach_writer(connection, writer)
         summary.timings_s["checkpoint"] = time.perf_counter() - phase
     except BaseException:
         _close(connection, warehouse_path)
@@ -296,6 +296,8 @@ def _refresh_locked(
 
 
 def _close(connection: duckdb.DuckDBPyConnection, warehouse_path: Path) -> None:
-    connection.close()
-    # DuckDB removes what it spilled, not the directory it made for it.
-    shutil.rmtree(spill_path(warehouse_path), ignore_errors=True)
+    try:
+        connection.close()
+    finally:
+        # DuckDB removes what it spilled, not the directory it made for it.
+        shutil.rmtree(spill_path(warehouse_path), ignore_errors=True)

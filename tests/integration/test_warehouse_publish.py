@@ -242,6 +242,26 @@ def test_asking_whether_a_file_is_held_keeps_this_process_readers_locks(tmp_path
     assert not files.held_open(path)
 
 
+@pytest.mark.parametrize("cursor_in_a_transaction", [False, True])
+def test_a_detached_writer_file_is_closed_before_it_is_published(tmp_path, cursor_in_a_transaction):
+    """A refresh publishes its writer file after detaching it. DETACH leaves the file open while
+    another cursor's transaction read it: the connection is then closed whole."""
+    path = tmp_path / "warehouse.duckdb.writer"
+    connection = files.connect(path, read_only=False)
+    cursor = connection.cursor()
+    try:
+        connection.execute("CREATE TABLE t AS SELECT range AS i FROM range(1000)")
+        files.configure_session(cursor)
+        if cursor_in_a_transaction:
+            cursor.execute("BEGIN TRANSACTION")
+            assert cursor.execute("SELECT count(*) FROM t").fetchone() == (1000,)
+        files.detach_writer(connection, path)
+        assert not files.held_open(path)
+    finally:
+        cursor.close()
+        connection.close()
+
+
 def test_a_reader_that_locks_after_the_check_gets_a_copy_made_instead(
     history, tmp_path, monkeypatch
 ):
