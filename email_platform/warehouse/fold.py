@@ -76,7 +76,9 @@ LATENCIES = {
     "time_to_click_s": ("first_click_at", "accepted_at"),
     "time_to_bounce_s": ("bounced_at", "accepted_at"),
 }
-COLUMNS = (*FROM_MESSAGE, *KEPT, *FIRSTS, *COUNTS, "bounce_type", *LATENCIES)
+# The old row's columns a merge reads; the latencies are worked out again.
+_MERGED_FROM_OLD = (*FROM_MESSAGE, *KEPT, *FIRSTS, *COUNTS, "bounce_type")
+COLUMNS = (*_MERGED_FROM_OLD, *LATENCIES)
 
 # The daily table's group. A folded row is steady when it stays in its group with the same
 # accepted_at: the group's values of event_to_accepted_s (accepted_at less the event's time,
@@ -85,8 +87,7 @@ _GROUP = ("day", "template", "lane", "provider")
 _STEADY = " AND ".join(
     f"n.{name} IS NOT DISTINCT FROM o.{name}" for name in (*_GROUP, "accepted_at")
 )
-# The old row's columns a merge reads, and those ``OLD`` notes (``take_old_rows``).
-_MERGED_FROM_OLD = (*FROM_MESSAGE, *KEPT, *FIRSTS, *COUNTS, "bounce_type")
+# The old row's columns ``OLD`` notes (``take_old_rows``).
 _NOTED = ("message_id", "event_id", *_GROUP, "accepted_at")
 # The raw tables whose loaded rows never fold: what they give is only in the old funnel rows.
 _UNLOADED = ("raw_email_outbox", "raw_email_attempts", "raw_dead_letters")

@@ -248,7 +248,7 @@ def _refresh_locked(
     except BaseException:
         _close(connection, warehouse_path)
         raise
-    built = writer
+    built, retired = writer, None
     try:
         if unchanged:
             built = warehouse_path
