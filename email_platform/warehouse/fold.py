@@ -155,12 +155,16 @@ def insert_folded(
     # The old rows: the columns ``OLD`` noted from it, the others read by row id. (The noted
     # ones, the event id above all, were most of what reading the old rows' strings cost.)
     # (The semi join first: DuckDB pushes a bloom filter of its row ids into the scan, which
-    # it does not for the inner join.)
+    # it does not for the inner join.) Left joins here and below, though every row has its
+    # match: DuckDB answers an inner join on one integer key with a "perfect" hash table, a
+    # slot per id in the key's range for every column it carries, and for ids spread over
+    # most of a million that allocation was most of the merge's time (bench/README.md).
     read = ", ".join(name for name in _MERGED_FROM_OLD if name not in _NOTED)
     old_rows = (
         f"(SELECT {', '.join(f'k.{name}' for name in _NOTED)}, r.* EXCLUDE (_id) FROM "
         f"(SELECT message_id AS _id, {read} FROM {main_table(connection, funnel)} "
-        f"WHERE rowid IN (SELECT _row FROM {OLD})) AS r JOIN {OLD} AS k ON r._id = k.message_id)"
+        f"WHERE rowid IN (SELECT _row FROM {OLD})) AS r "
+        f"LEFT JOIN {OLD} AS k ON r._id = k.message_id)"
     )
     mine = f"message_id IN (SELECT message_id FROM {OLD})"
     # No rows from the tables nothing foldable was loaded into; the loaded rows of the others.
@@ -198,10 +202,7 @@ def insert_folded(
     )
     # Inserted before the old rows go, so the merge reads them where they are. (Rows written
     # in the transaction have row ids of their own: the delete by row id spares them.)
-    # A left join, though each row of the model has its old row (it is driven by OLD's
-    # messages): DuckDB answers an inner join on one integer key with a "perfect" hash table,
-    # a slot per id in the key's range for every old column, and for ids spread over most of
-    # a million that allocation was most of the merge's time (bench/README.md).
+    # (Each row of the model has its old row: the model is driven by OLD's messages.)
     with shadowed(connection, empty), temp_views(connection, views):
         connection.execute(
             f"INSERT INTO {funnel} BY NAME SELECT *, {latencies} FROM (SELECT "
