@@ -154,17 +154,18 @@ def insert_folded(
     note, in ``FOLDED``, each message's old and new day and whether it was ``steady``."""
     # The old rows: the columns ``OLD`` noted from it, the others read by row id. (The noted
     # ones, the event id above all, were most of what reading the old rows' strings cost.)
-    # (The semi join first: DuckDB pushes a bloom filter of its row ids into the scan, which
-    # it does not for the inner join.) Left joins here and below, though every row has its
-    # match: DuckDB answers an inner join on one integer key with a "perfect" hash table, a
-    # slot per id in the key's range for every column it carries, and for ids spread over
-    # most of a million that allocation was most of the merge's time (bench/README.md).
+    # DuckDB answers an inner join on one integer key with a "perfect" hash table, a slot per
+    # id in the key's range for every column it carries: for ids spread over most of a
+    # million, that allocation was most of the merge's time (bench/README.md). So the rows
+    # read by row id join their keys on two columns, id and row id: an inner join still, so
+    # a bloom filter of the ids goes into the scan and only the old rows come out of it.
+    # The model's rows join the old ones with a left join below for the same reason.
     read = ", ".join(name for name in _MERGED_FROM_OLD if name not in _NOTED)
     old_rows = (
-        f"(SELECT {', '.join(f'k.{name}' for name in _NOTED)}, r.* EXCLUDE (_id) FROM "
-        f"(SELECT message_id AS _id, {read} FROM {main_table(connection, funnel)} "
+        f"(SELECT {', '.join(f'k.{name}' for name in _NOTED)}, r.* EXCLUDE (_id, _r) FROM "
+        f"(SELECT rowid AS _r, message_id AS _id, {read} FROM {main_table(connection, funnel)} "
         f"WHERE rowid IN (SELECT _row FROM {OLD})) AS r "
-        f"LEFT JOIN {OLD} AS k ON r._id = k.message_id)"
+        f"JOIN {OLD} AS k ON r._id = k.message_id AND r._r = k._row)"
     )
     mine = f"message_id IN (SELECT message_id FROM {OLD})"
     # No rows from the tables nothing foldable was loaded into; the loaded rows of the others.
