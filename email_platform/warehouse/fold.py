@@ -154,12 +154,13 @@ def insert_folded(
     note, in ``FOLDED``, each message's old and new day and whether it was ``steady``."""
     # The old rows: the columns ``OLD`` noted from it, the others read by row id. (The noted
     # ones, the event id above all, were most of what reading the old rows' strings cost.)
-    # DuckDB answers an inner join on one integer key with a "perfect" hash table, a slot per
-    # id in the key's range for every column it carries: for ids spread over most of a
-    # million, that allocation was most of the merge's time (bench/README.md). So the rows
+    # When the key's range is under about a million, DuckDB answers an inner join on one
+    # integer key with a "perfect" hash table, a slot per id in the range for every column it
+    # carries: that allocation was most of the merge's time (bench/README.md). So the rows
     # read by row id join their keys on two columns, id and row id: an inner join still, so
-    # a bloom filter of the ids goes into the scan and only the old rows come out of it.
-    # The model's rows join the old ones with a left join below for the same reason.
+    # DuckDB can push a bloom filter of the ids into the scan (the semi join on row ids
+    # narrows it to their range). The model's rows join the old ones with a left join below
+    # for the same reason.
     read = ", ".join(name for name in _MERGED_FROM_OLD if name not in _NOTED)
     old_rows = (
         f"(SELECT {', '.join(f'k.{name}' for name in _NOTED)}, r.* EXCLUDE (_id, _r) FROM "
