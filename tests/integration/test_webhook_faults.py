@@ -134,7 +134,7 @@ def _ingest_in_child(database_url: str, inbox_ids: list[int], die_at: int) -> No
 
 
 def test_ingestion_worker_killed_mid_batch_resumes_without_doubles(engine, database_url):
-    total = 3000
+    total = 600
     now = utcnow()
     with engine.begin() as connection:
         for i in range(total):
@@ -150,7 +150,7 @@ def test_ingestion_worker_killed_mid_batch_resumes_without_doubles(engine, datab
                 now=now,
             )
         ids = [r.inbox_id for r in connection.execute(select(webhook_inbox.c.inbox_id))]
-    die_at = 700
+    die_at = 250
     child = multiprocessing.get_context("spawn").Process(
         target=_ingest_in_child, args=(database_url, ids, die_at)
     )
